@@ -1,0 +1,5 @@
+"""Backbones in plain PyTorch; registered with OpenMMLab in :mod:`mmlinvit.models`."""
+from .arch_zoo import FAMILY_SIZES, VIT_FAMILIES, VIT_SIZES
+from .vit import VisionTransformer
+
+__all__ = ['VisionTransformer', 'VIT_SIZES', 'VIT_FAMILIES', 'FAMILY_SIZES']

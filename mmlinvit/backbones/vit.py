@@ -1,0 +1,371 @@
+"""The ViT skeleton shared by the softmax teacher and the linearized student (torch only).
+
+One class expresses DINOv2 (patch 14, LayerScale, register tokens, mask token, offset
+interpolation), DeiT / DeiT-III, OpenAI CLIP (pre-LayerNorm, QuickGELU) and MAE through
+:data:`~.arch_zoo.VIT_FAMILIES`, and any token mixer through ``attn_cfg`` (one config, or
+one per layer for hybrid stacks).
+
+Canonical parameter layout (timm names): ``cls_token``, ``reg_token``, ``mask_token``,
+``pos_embed`` (class position first when there is a class token, never register
+positions), ``patch_embed.proj``, ``pre_norm`` (CLIP ``ln_pre``), ``blocks.i.{norm1, attn.qkv,
+attn.proj, ls1.gamma, norm2, mlp.fc1, mlp.fc2, ls2.gamma}``, ``norm``.  Converters in
+:mod:`mmlinvit.converters` map the official layouts to it.
+
+Position embeddings keep the grid of the checkpoint they were loaded from and are resampled
+to the input grid on every forward, so any resolution (512, 518, 1024, 512 x 1024) works.
+"""
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn as nn
+
+from mmlinvit.layers.attention import ATTENTION_OPERATORS
+from mmlinvit.layers.pos_embed import resample_pos_grid, sincos_pos_embed_2d
+from mmlinvit.layers.patch_embed import PatchEmbed
+from mmlinvit.layers.transformer import TransformerBlock
+from .arch_zoo import VIT_FAMILIES, VIT_SIZES
+
+OUT_TYPES = ('raw', 'cls_token', 'avg_featmap', 'featmap')
+
+
+class VisionTransformer(nn.Module):
+    """Plain ViT backbone with a pluggable attention operator per layer.
+
+    Args:
+        arch: Size name in :data:`VIT_SIZES` (``'s'``, ``'b'``, ``'l'``, ``'g'``...) or a dict
+            with ``embed_dims``, ``num_layers``, ``num_heads`` and ``mlp_hidden_dims``.
+        family: Family name in :data:`VIT_FAMILIES`; sets the defaults below.
+        attn_cfg: Operator name/config for every layer, or a list with one per layer.
+        img_size: Training resolution; sets the learned position grid.
+        patch_size: Patch side (family default if ``None``).
+        in_channels: Input channels.
+        with_cls_token: Whether a class token is prepended.
+        num_reg_tokens: Number of register tokens (DINOv2 with registers).
+        with_mask_token: Whether a ``mask_token`` parameter exists (DINOv2 checkpoints).
+        pos_embed_type: ``'learned'``, ``'sincos'`` (fixed, recomputed per grid) or ``'none'``.
+        pos_interp: Resampling of learned grids, ``'bicubic'`` or ``'dinov2'``.
+        layer_scale_init: LayerScale init (``None`` disables).
+        act: MLP activation (``'gelu'`` or ``'quick_gelu'``).
+        mlp_type: ``'mlp'`` or ``'swiglu'`` (defaults to swiglu for DINOv2-g).
+        norm_eps: LayerNorm epsilon.
+        pre_norm: LayerNorm before the blocks (CLIP ``ln_pre``).
+        final_norm: LayerNorm after the last block.
+        patch_bias: Whether the patch projection has a bias.
+        qkv_bias: Whether QKV projections have biases.
+        drop_rate: Dropout rate.
+        drop_path_rate: Maximum stochastic depth rate (linearly increasing).
+        out_indices: Block indices whose outputs are returned (negative allowed).
+        out_type: ``'raw'`` (B, N, C), ``'cls_token'`` (B, C), ``'avg_featmap'`` (B, C: mean
+            of patch tokens) or ``'featmap'`` (B, C, h, w).
+        norm_all_outputs: Apply the final norm to every returned block (segmentation on
+            DINOv2 features), not only to the last one.
+        frozen_stages: Freeze patch embedding, tokens and the first ``frozen_stages`` blocks.
+        pretrained: Checkpoint path (any layout :mod:`mmlinvit.converters` handles) loaded in
+            :meth:`init_weights`.
+        checkpoint_layout: Source layout (``'auto'`` detects it).
+    """
+
+    def __init__(self,
+                 arch: Union[str, dict] = 'b',
+                 family: str = 'deit',
+                 attn_cfg: Union[str, dict, Sequence[Union[str, dict]]] = 'softmax',
+                 img_size: Optional[Union[int, Tuple[int, int]]] = None,
+                 patch_size: Optional[int] = None,
+                 in_channels: int = 3,
+                 with_cls_token: bool = True,
+                 num_reg_tokens: int = 0,
+                 with_mask_token: Optional[bool] = None,
+                 pos_embed_type: str = 'learned',
+                 pos_interp: Optional[str] = None,
+                 layer_scale_init: Optional[float] = -1.0,
+                 act: Optional[str] = None,
+                 mlp_type: Optional[str] = None,
+                 norm_eps: Optional[float] = None,
+                 pre_norm: Optional[bool] = None,
+                 final_norm: bool = True,
+                 patch_bias: Optional[bool] = None,
+                 qkv_bias: bool = True,
+                 drop_rate: float = 0.0,
+                 drop_path_rate: float = 0.0,
+                 out_indices: Union[int, Sequence[int]] = -1,
+                 out_type: str = 'cls_token',
+                 norm_all_outputs: bool = False,
+                 frozen_stages: int = -1,
+                 pretrained: Optional[str] = None,
+                 checkpoint_layout: str = 'auto') -> None:
+        super().__init__()
+        if family not in VIT_FAMILIES:
+            raise KeyError(f'Unknown ViT family {family!r}; available: {sorted(VIT_FAMILIES)}')
+        fam = VIT_FAMILIES[family]
+        if isinstance(arch, str):
+            if arch not in VIT_SIZES:
+                raise KeyError(f'Unknown ViT arch {arch!r}; available: {sorted(VIT_SIZES)} '
+                               f'or a dict with embed_dims/num_layers/num_heads/mlp_hidden_dims')
+            arch_cfg = dict(VIT_SIZES[arch])
+            arch_name = arch
+        else:
+            missing = {'embed_dims', 'num_layers', 'num_heads', 'mlp_hidden_dims'} - set(arch)
+            if missing:
+                raise KeyError(f'Custom arch dict is missing {sorted(missing)}')
+            arch_cfg = dict(arch)
+            arch_name = 'custom'
+        if out_type not in OUT_TYPES:
+            raise KeyError(f'Unknown out_type {out_type!r}; available: {OUT_TYPES}')
+        if out_type == 'cls_token' and not with_cls_token:
+            raise ValueError("out_type='cls_token' needs with_cls_token=True; use "
+                             "'avg_featmap' for models without a class token")
+        if pos_embed_type not in ('learned', 'sincos', 'none'):
+            raise KeyError(f"Unknown pos_embed_type {pos_embed_type!r}; use 'learned', "
+                           f"'sincos' or 'none'")
+
+        def pick(value, key):
+            return fam.get(key) if value is None else value
+
+        self.family = family
+        self.arch = arch_name
+        self.embed_dims = arch_cfg['embed_dims']
+        self.num_layers = arch_cfg['num_layers']
+        self.num_heads = arch_cfg['num_heads']
+        self.patch_size = pick(patch_size, 'patch_size')
+        img_size = pick(img_size, 'img_size')
+        self.img_size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
+        self.pos_interp = pick(pos_interp, 'pos_interp')
+        self.pos_embed_type = pos_embed_type
+        self.with_cls_token = with_cls_token
+        self.num_reg_tokens = num_reg_tokens
+        self.num_prefix_tokens = int(with_cls_token) + num_reg_tokens
+        self.out_type = out_type
+        self.norm_all_outputs = norm_all_outputs
+        self.frozen_stages = frozen_stages
+        self.pretrained = pretrained
+        self.checkpoint_layout = checkpoint_layout
+        if layer_scale_init == -1.0:
+            layer_scale_init = fam['layer_scale_init']
+        mlp_type = mlp_type or ('swiglu' if (family == 'dinov2' and arch_name == 'g') else 'mlp')
+        with_mask_token = pick(with_mask_token, 'with_mask_token') or False
+
+        self.patch_embed = PatchEmbed(in_channels, self.embed_dims, self.patch_size,
+                                      bias=pick(patch_bias, 'patch_bias'))
+        self.pos_grid = (self.img_size[0] // self.patch_size, self.img_size[1] // self.patch_size)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, self.embed_dims)) if with_cls_token else None
+        self.reg_token = (nn.Parameter(torch.zeros(1, num_reg_tokens, self.embed_dims))
+                          if num_reg_tokens else None)
+        self.mask_token = nn.Parameter(torch.zeros(1, self.embed_dims)) if with_mask_token else None
+        if pos_embed_type == 'learned':
+            n_pos = self.pos_grid[0] * self.pos_grid[1] + int(with_cls_token)
+            self.pos_embed = nn.Parameter(torch.zeros(1, n_pos, self.embed_dims))
+        else:
+            self.pos_embed = None
+        self.drop_after_pos = nn.Dropout(drop_rate)
+        self.pre_norm = (nn.LayerNorm(self.embed_dims, eps=pick(norm_eps, 'norm_eps'))
+                         if pick(pre_norm, 'pre_norm') else nn.Identity())
+
+        attn_cfgs = self._per_layer(attn_cfg)
+        dpr = torch.linspace(0, drop_path_rate, self.num_layers).tolist()
+        self.blocks = nn.ModuleList([
+            TransformerBlock(
+                self.embed_dims,
+                self.num_heads,
+                arch_cfg['mlp_hidden_dims'],
+                attn_cfg=attn_cfgs[i],
+                qkv_bias=qkv_bias,
+                mlp_type=mlp_type,
+                act=pick(act, 'act'),
+                layer_scale_init=layer_scale_init,
+                norm_eps=pick(norm_eps, 'norm_eps'),
+                drop_rate=drop_rate,
+                drop_path_rate=dpr[i]) for i in range(self.num_layers)
+        ])
+        self.attn_cfgs = attn_cfgs
+        self.norm = (nn.LayerNorm(self.embed_dims, eps=pick(norm_eps, 'norm_eps'))
+                     if final_norm else nn.Identity())
+
+        if isinstance(out_indices, int):
+            out_indices = [out_indices]
+        self.out_indices = []
+        for idx in out_indices:
+            real = idx + self.num_layers if idx < 0 else idx
+            if not 0 <= real < self.num_layers:
+                raise IndexError(f'out_indices entry {idx} is out of range for '
+                                 f'{self.num_layers} layers')
+            self.out_indices.append(real)
+        self._init_parameters()
+        self._register_load_state_dict_pre_hook(self._adapt_pos_embed_on_load)
+        self._freeze_stages()
+
+    # ------------------------------------------------------------------ construction
+    def _per_layer(self, attn_cfg) -> List[Union[str, dict]]:
+        if isinstance(attn_cfg, (list, tuple)):
+            if len(attn_cfg) != self.num_layers:
+                raise ValueError(f'attn_cfg has {len(attn_cfg)} entries but the model has '
+                                 f'{self.num_layers} layers')
+            cfgs = list(attn_cfg)
+        else:
+            cfgs = [attn_cfg] * self.num_layers
+        for cfg in cfgs:  # fail at build time with the list of operators
+            ATTENTION_OPERATORS.get(cfg if isinstance(cfg, str) else cfg['type'])
+        return cfgs
+
+    def _init_parameters(self) -> None:
+        """timm-style init: truncated normal tokens / linears, zero biases, unit norms."""
+        for name, p in (('cls_token', self.cls_token), ('reg_token', self.reg_token),
+                        ('mask_token', self.mask_token)):
+            if p is not None:
+                nn.init.normal_(p, std=1e-6 if name != 'mask_token' else 0.0)
+        if self.pos_embed is not None:
+            nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.LayerNorm):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+        for blk in self.blocks:
+            blk.attn.init_extra_parameters()
+
+    def init_weights(self) -> None:
+        """Loads ``pretrained`` (converted from its layout) if set; mmengine calls this."""
+        if self.pretrained:
+            from mmlinvit.converters import load_pretrained
+            load_pretrained(self, self.pretrained, layout=self.checkpoint_layout)
+
+    def _freeze_stages(self) -> None:
+        if self.frozen_stages < 0:
+            return
+        for p in [self.cls_token, self.reg_token, self.mask_token, self.pos_embed]:
+            if p is not None:
+                p.requires_grad_(False)
+        for mod in [self.patch_embed, self.pre_norm] + list(self.blocks[:self.frozen_stages]):
+            mod.eval()
+            for p in mod.parameters():
+                p.requires_grad_(False)
+
+    def train(self, mode: bool = True) -> 'VisionTransformer':
+        super().train(mode)
+        self._freeze_stages()
+        return self
+
+    def _adapt_pos_embed_on_load(self, state_dict: Dict[str, torch.Tensor], prefix: str,
+                                 *args) -> None:
+        """Adopts the checkpoint's position grid (kept, then resampled per forward)."""
+        key = prefix + 'pos_embed'
+        if self.pos_embed is None or key not in state_dict:
+            return
+        ckpt = state_dict[key]
+        if ckpt.shape == self.pos_embed.shape or ckpt.ndim != 3 or ckpt.shape[-1] != self.embed_dims:
+            return  # matching, or a mismatch load_state_dict reports with both shapes
+        from mmlinvit.layers.pos_embed import infer_square_grid
+        n_patch = ckpt.shape[1] - int(self.with_cls_token)
+        self.pos_grid = infer_square_grid(n_patch)
+        self.pos_embed = nn.Parameter(torch.empty_like(ckpt, device=self.pos_embed.device),
+                                      requires_grad=self.pos_embed.requires_grad)
+
+    # ------------------------------------------------------------------ forward pieces
+    def patch_pos_embed(self, hw_shape: Tuple[int, int], device, dtype) -> Optional[torch.Tensor]:
+        """Patch position embeddings for a (h, w) grid, (1, h * w, C), or ``None``."""
+        if self.pos_embed_type == 'learned':
+            start = int(self.with_cls_token)
+            return resample_pos_grid(self.pos_embed[:, start:], self.pos_grid, hw_shape,
+                                     self.pos_interp)
+        if self.pos_embed_type == 'sincos':
+            return sincos_pos_embed_2d(hw_shape, self.embed_dims, device=device, dtype=dtype)
+        return None
+
+    def prepare_tokens(self,
+                       x: torch.Tensor,
+                       patch_mask: Optional[torch.Tensor] = None,
+                       mask_token: Optional[torch.Tensor] = None
+                       ) -> Tuple[torch.Tensor, Tuple[int, int]]:
+        """Patchify, mask, add position embeddings and prefix tokens.
+
+        Args:
+            x: Images (B, C, H, W).
+            patch_mask: Optional (B, h * w) bool; True patches are replaced by a mask token
+                (before position embeddings, as in DINOv2).
+            mask_token: Token used for masked patches; defaults to ``self.mask_token``.
+
+        Returns:
+            Tokens (B, prefix + h * w, C) and the (h, w) grid.
+        """
+        tokens, hw_shape = self.patch_embed(x)
+        b = tokens.shape[0]
+        if patch_mask is not None:
+            token = self.mask_token if mask_token is None else mask_token
+            if token is None:
+                raise ValueError('patch_mask given but the model has no mask token; build it '
+                                 'with with_mask_token=True or pass mask_token')
+            tokens = torch.where(patch_mask.unsqueeze(-1), token.to(tokens.dtype).view(1, 1, -1),
+                                 tokens)
+        pos = self.patch_pos_embed(hw_shape, tokens.device, tokens.dtype)
+        if pos is not None:
+            tokens = tokens + pos
+        prefix = []
+        if self.cls_token is not None:
+            cls = self.cls_token
+            if self.pos_embed_type == 'learned':
+                cls = cls + self.pos_embed[:, :1]
+            prefix.append(cls.expand(b, -1, -1))
+        if self.reg_token is not None:
+            prefix.append(self.reg_token.expand(b, -1, -1))
+        if prefix:
+            tokens = torch.cat(prefix + [tokens], dim=1)
+        return self.pre_norm(self.drop_after_pos(tokens)), hw_shape
+
+    def format_output(self, tokens: torch.Tensor, hw_shape: Tuple[int, int]) -> torch.Tensor:
+        """Turns (B, N, C) tokens into the configured ``out_type``."""
+        if self.out_type == 'raw':
+            return tokens
+        if self.out_type == 'cls_token':
+            return tokens[:, 0]
+        patches = tokens[:, self.num_prefix_tokens:]
+        if self.out_type == 'avg_featmap':
+            return patches.mean(dim=1)
+        b, _, c = patches.shape
+        return patches.transpose(1, 2).reshape(b, c, hw_shape[0], hw_shape[1])
+
+    def forward_tokens(self, x: torch.Tensor,
+                       patch_mask: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Tuple[int, int]]:
+        """Final normalised tokens (B, N, C) of the whole stack, and the grid."""
+        tokens, hw_shape = self.prepare_tokens(x, patch_mask)
+        for blk in self.blocks:
+            tokens = blk(tokens, hw_shape, self.num_prefix_tokens)
+        return self.norm(tokens), hw_shape
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        """Outputs of the blocks in ``out_indices``, formatted by ``out_type``."""
+        tokens, hw_shape = self.prepare_tokens(x)
+        outs = []
+        last = self.num_layers - 1
+        for i, blk in enumerate(self.blocks):
+            tokens = blk(tokens, hw_shape, self.num_prefix_tokens)
+            if i in self.out_indices:
+                out = self.norm(tokens) if (i == last or self.norm_all_outputs) else tokens
+                outs.append(self.format_output(out, hw_shape))
+        return tuple(outs)
+
+    # ------------------------------------------------------------------ optimisation helpers
+    def get_layer_depth(self, param_name: str, prefix: str = '') -> Tuple[int, int]:
+        """Layer depth of a parameter for layer-wise learning-rate decay.
+
+        Embeddings and tokens are depth 0, block i is depth i + 1, everything after the
+        blocks (final norm, heads) is ``num_layers + 1``.
+
+        Args:
+            param_name: Full parameter name.
+            prefix: Prefix of this backbone's parameters in ``param_name`` (e.g. ``'backbone.'``).
+
+        Returns:
+            (layer_depth, num_layers + 2).
+        """
+        total = self.num_layers + 2
+        if not param_name.startswith(prefix):
+            return total - 1, total
+        name = param_name[len(prefix):]
+        if name.split('.')[0] in ('cls_token', 'reg_token', 'mask_token', 'pos_embed',
+                                  'patch_embed', 'pre_norm'):
+            return 0, total
+        if name.startswith('blocks.'):
+            return int(name.split('.')[1]) + 1, total
+        return total - 1, total

@@ -1,0 +1,132 @@
+"""The block-level interface every attention operator implements.
+
+An operator maps normalised tokens ``x`` (B, N, C) to the attention output (B, N, C), after
+the output projection and before layer-scale / residual.  All operators own a fused ``qkv``
+projection (C -> 3C, rows ordered q, k, v) and an output ``proj`` (C -> C) with the same names
+and shapes as softmax attention, so any pretrained ViT checkpoint loads into any operator.
+
+Operators receive the patch grid ``hw_shape`` and the number of prefix (class / register)
+tokens, which sit at the front of the sequence; spatial operators (MHLA, TTT) need both.
+
+Hook point: the output of ``blocks[i].attn`` is the per-block attention output used by
+attention distillation; the positional inputs of ``blocks[i]`` are the block input.
+"""
+from typing import Optional, Tuple
+
+import torch
+import torch.nn as nn
+
+from mmlinvit.utils import NameRegistry
+
+ATTENTION_OPERATORS = NameRegistry('attention operator')
+
+
+class AttentionOperator(nn.Module):
+    """Base class: fused QKV projection, head split, output projection.
+
+    Subclasses implement :meth:`mix` (the O(N) token mixing on per-head q, k, v) and, where
+    the operator has an explicit map, :meth:`attention_map`.
+
+    Args:
+        embed_dims: Token width C.
+        num_heads: Number of heads; C must be divisible by it.
+        qkv_bias: Whether the QKV projection has a bias.
+        proj_bias: Whether the output projection has a bias.
+        attn_drop: Dropout on the attention output before the projection.
+        proj_drop: Dropout after the output projection.
+    """
+
+    #: Whether the operator has an N x N map (softmax, kernel LA, InLine, MHLA).
+    has_attention_map: bool = True
+    #: Whether the operator mixes tokens through a q.k^T form (Mimetic / Impulse need it).
+    has_qk_form: bool = True
+
+    def __init__(self,
+                 embed_dims: int,
+                 num_heads: int,
+                 qkv_bias: bool = True,
+                 proj_bias: bool = True,
+                 attn_drop: float = 0.0,
+                 proj_drop: float = 0.0) -> None:
+        super().__init__()
+        if embed_dims % num_heads != 0:
+            raise ValueError(f'embed_dims ({embed_dims}) must be divisible by num_heads '
+                             f'({num_heads})')
+        self.embed_dims = embed_dims
+        self.num_heads = num_heads
+        self.head_dims = embed_dims // num_heads
+        self.scale = self.head_dims**-0.5
+        self.qkv = nn.Linear(embed_dims, embed_dims * 3, bias=qkv_bias)
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.proj = nn.Linear(embed_dims, embed_dims, bias=proj_bias)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    # ------------------------------------------------------------------ helpers
+    def split_qkv(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Projects (B, N, C) tokens to per-head q, k, v of shape (B, H, N, d)."""
+        b, n, _ = x.shape
+        qkv = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dims).permute(2, 0, 3, 1, 4)
+        return qkv[0], qkv[1], qkv[2]
+
+    def merge_heads(self, out: torch.Tensor) -> torch.Tensor:
+        """(B, H, N, d) -> (B, N, C)."""
+        b, h, n, d = out.shape
+        return out.transpose(1, 2).reshape(b, n, h * d)
+
+    def project(self, out: torch.Tensor) -> torch.Tensor:
+        """Head merge, dropout and output projection."""
+        return self.proj_drop(self.proj(self.attn_drop(self.merge_heads(out))))
+
+    # ------------------------------------------------------------------ interface
+    def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+            hw_shape: Optional[Tuple[int, int]], num_prefix_tokens: int) -> torch.Tensor:
+        """Token mixing on per-head tensors (B, H, N, d) -> (B, H, N, d)."""
+        raise NotImplementedError
+
+    def forward(self,
+                x: torch.Tensor,
+                hw_shape: Optional[Tuple[int, int]] = None,
+                num_prefix_tokens: int = 0) -> torch.Tensor:
+        """Attention output (post-projection, pre-residual).
+
+        Args:
+            x: Normalised tokens, (B, N, C); prefix tokens first.
+            hw_shape: (h, w) patch grid, with ``h * w + num_prefix_tokens == N``.
+            num_prefix_tokens: Number of class / register tokens at the front.
+        """
+        q, k, v = self.split_qkv(x)
+        return self.project(self.mix(q, k, v, hw_shape, num_prefix_tokens))
+
+    def attention_map(self,
+                      x: torch.Tensor,
+                      hw_shape: Optional[Tuple[int, int]] = None,
+                      num_prefix_tokens: int = 0) -> torch.Tensor:
+        """The explicit (B, H, N, N) map (O(N^2); analysis and tests only)."""
+        raise NotImplementedError(f'{type(self).__name__} has no explicit attention map')
+
+    def forward_reference(self,
+                          x: torch.Tensor,
+                          hw_shape: Optional[Tuple[int, int]] = None,
+                          num_prefix_tokens: int = 0) -> torch.Tensor:
+        """O(N^2) reference of :meth:`forward` through the explicit map (tests only)."""
+        q, k, v = self.split_qkv(x)
+        attn = self.attention_map(x, hw_shape, num_prefix_tokens)
+        return self.project((attn @ v.float()).to(v.dtype))
+
+    def init_extra_parameters(self) -> None:
+        """Documented default initialisation of parameters softmax attention does not have."""
+
+    def extra_repr(self) -> str:
+        return f'embed_dims={self.embed_dims}, num_heads={self.num_heads}'
+
+
+def build_attention_operator(cfg, embed_dims: int, num_heads: int, **defaults) -> AttentionOperator:
+    """Builds an operator from ``'name'`` or ``dict(type='name', ...)``.
+
+    Args:
+        cfg: Operator name or config dict.
+        embed_dims: Token width.
+        num_heads: Number of heads.
+        **defaults: Extra keyword defaults (e.g. ``qkv_bias``) the config may override.
+    """
+    return ATTENTION_OPERATORS.build(cfg, embed_dims=embed_dims, num_heads=num_heads, **defaults)

@@ -1,0 +1,81 @@
+"""Position embeddings: family-specific resampling of learned grids and 2-D sin-cos."""
+import math
+from typing import Tuple
+
+import torch
+import torch.nn.functional as F
+
+#: Resampling conventions of learned position-embedding grids.
+#: ``bicubic``: timm / DeiT / MAE / CLIP (``size=``, align_corners=False, no antialias).
+#: ``dinov2``: the DINOv2 hub code (``scale_factor=(h + 0.1) / H``, bicubic, no antialias).
+POS_INTERP_MODES = ('bicubic', 'dinov2')
+
+
+def resample_pos_grid(pos: torch.Tensor, src_hw: Tuple[int, int], dst_hw: Tuple[int, int],
+                      mode: str = 'bicubic') -> torch.Tensor:
+    """Resamples a patch position grid.
+
+    Args:
+        pos: (1, Hs * Ws, C) patch position embeddings (no prefix positions).
+        src_hw: (Hs, Ws) grid the embeddings were learned on.
+        dst_hw: (Hd, Wd) target grid.
+        mode: One of :data:`POS_INTERP_MODES`.
+
+    Returns:
+        (1, Hd * Wd, C) in the dtype of ``pos``.
+    """
+    if tuple(src_hw) == tuple(dst_hw):
+        return pos
+    if mode not in POS_INTERP_MODES:
+        raise KeyError(f'Unknown pos_interp {mode!r}; available: {POS_INTERP_MODES}')
+    dtype = pos.dtype
+    c = pos.shape[-1]
+    grid = pos.float().reshape(1, src_hw[0], src_hw[1], c).permute(0, 3, 1, 2)
+    if mode == 'dinov2':
+        scale = (float(dst_hw[0] + 0.1) / src_hw[0], float(dst_hw[1] + 0.1) / src_hw[1])
+        grid = F.interpolate(grid, scale_factor=scale, mode='bicubic', antialias=False)
+        if tuple(grid.shape[-2:]) != tuple(dst_hw):
+            raise RuntimeError(f'DINOv2 interpolation produced {tuple(grid.shape[-2:])}, '
+                               f'expected {tuple(dst_hw)}')
+    else:
+        grid = F.interpolate(grid, size=dst_hw, mode='bicubic', align_corners=False,
+                             antialias=False)
+    return grid.permute(0, 2, 3, 1).reshape(1, dst_hw[0] * dst_hw[1], c).to(dtype)
+
+
+def sincos_pos_embed_2d(hw_shape: Tuple[int, int], dims: int, temperature: float = 10000.0,
+                        device=None, dtype=torch.float32) -> torch.Tensor:
+    """Fixed 2-D sin-cos position embedding (MAE / MoCo-v3 convention).
+
+    The first half of the channels encodes the row (h) coordinate, the second half the
+    column (w) coordinate; each half is [sin, cos] over ``dims // 4`` frequencies.
+
+    Args:
+        hw_shape: (h, w) grid.
+        dims: Embedding width; must be divisible by 4.
+        temperature: Frequency base.
+        device: Output device.
+        dtype: Output dtype.
+
+    Returns:
+        (1, h * w, dims).
+    """
+    if dims % 4 != 0:
+        raise ValueError(f'sin-cos position embedding needs dims % 4 == 0, got {dims}')
+    h, w = hw_shape
+    gy, gx = torch.meshgrid(torch.arange(h, device=device, dtype=torch.float32),
+                            torch.arange(w, device=device, dtype=torch.float32), indexing='ij')
+    quarter = dims // 4
+    omega = 1.0 / temperature**(torch.arange(quarter, device=device, dtype=torch.float32) / quarter)
+    oy = gy.reshape(-1, 1) * omega
+    ox = gx.reshape(-1, 1) * omega
+    emb = torch.cat([oy.sin(), oy.cos(), ox.sin(), ox.cos()], dim=1)
+    return emb.unsqueeze(0).to(dtype)
+
+
+def infer_square_grid(num_patches: int) -> Tuple[int, int]:
+    """(s, s) for a square number of patches; raises a clear error otherwise."""
+    side = int(math.isqrt(num_patches))
+    if side * side != num_patches:
+        raise ValueError(f'Cannot infer a square grid from {num_patches} position embeddings')
+    return side, side

@@ -1,0 +1,6 @@
+"""OpenMMLab integration of mmlinvit's models (imported lazily by ``mmlinvit.registry``)."""
+from .backbones import register_backbones
+from .operators import register_attention_operators
+
+register_backbones()
+register_attention_operators()

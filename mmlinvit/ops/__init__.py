@@ -1,0 +1,1 @@
+"""Functional kernels and their plain PyTorch references (torch + optional triton only)."""

@@ -1,0 +1,35 @@
+"""mmlinvit's OpenMMLab registries (scope ``mmlinvit``), children of mmengine's root registries.
+
+Configs that keep ``default_scope='mmseg'`` or ``'mmpretrain'`` can name any mmlinvit component
+as ``type='mmlinvit.X'`` without ``custom_imports``: mmengine imports ``mmlinvit.registry`` for
+the ``mmlinvit`` scope, and each registry imports its ``locations`` lazily on first lookup.
+"""
+from mmengine.registry import DATASETS as MMENGINE_DATASETS
+from mmengine.registry import HOOKS as MMENGINE_HOOKS
+from mmengine.registry import METRICS as MMENGINE_METRICS
+from mmengine.registry import MODEL_WRAPPERS as MMENGINE_MODEL_WRAPPERS
+from mmengine.registry import MODELS as MMENGINE_MODELS
+from mmengine.registry import OPTIM_WRAPPER_CONSTRUCTORS as MMENGINE_OPTIM_WRAPPER_CONSTRUCTORS
+from mmengine.registry import TRANSFORMS as MMENGINE_TRANSFORMS
+from mmengine.registry import Registry
+
+#: Backbones, attention operators, distillers, losses, necks, heads.
+MODELS = Registry('model', parent=MMENGINE_MODELS, scope='mmlinvit', locations=['mmlinvit.models'])
+#: Model wrappers (none yet; kept for symmetry with OpenMMLab projects).
+MODEL_WRAPPERS = Registry('model_wrapper', parent=MMENGINE_MODEL_WRAPPERS, scope='mmlinvit',
+                          locations=['mmlinvit.models'])
+#: Training hooks (distillation-loss schedules, ...).
+HOOKS = Registry('hook', parent=MMENGINE_HOOKS, scope='mmlinvit', locations=['mmlinvit.engine'])
+#: Optimizer wrapper constructors (layer-wise learning-rate decay).
+OPTIM_WRAPPER_CONSTRUCTORS = Registry('optimizer wrapper constructor',
+                                      parent=MMENGINE_OPTIM_WRAPPER_CONSTRUCTORS, scope='mmlinvit',
+                                      locations=['mmlinvit.engine'])
+#: Datasets.
+DATASETS = Registry('dataset', parent=MMENGINE_DATASETS, scope='mmlinvit',
+                    locations=['mmlinvit.datasets'])
+#: Data transforms.
+TRANSFORMS = Registry('transform', parent=MMENGINE_TRANSFORMS, scope='mmlinvit',
+                      locations=['mmlinvit.datasets'])
+#: Metrics.
+METRICS = Registry('metric', parent=MMENGINE_METRICS, scope='mmlinvit',
+                   locations=['mmlinvit.evaluation'])
