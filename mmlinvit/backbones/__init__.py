@@ -1,5 +1,7 @@
 """Backbones in plain PyTorch; registered with OpenMMLab in :mod:`mmlinvit.models`."""
 from .arch_zoo import FAMILY_SIZES, VIT_FAMILIES, VIT_SIZES
-from .vit import VisionTransformer
+from .vit import LinearVisionTransformer, VisionTransformer
 
-__all__ = ['VisionTransformer', 'VIT_SIZES', 'VIT_FAMILIES', 'FAMILY_SIZES']
+__all__ = [
+    'VisionTransformer', 'LinearVisionTransformer', 'VIT_SIZES', 'VIT_FAMILIES', 'FAMILY_SIZES'
+]

@@ -43,7 +43,8 @@ class VisionTransformer(nn.Module):
         num_reg_tokens: Number of register tokens (DINOv2 with registers).
         with_mask_token: Whether a ``mask_token`` parameter exists (DINOv2 checkpoints).
         pos_embed_type: ``'learned'``, ``'sincos'`` (fixed, recomputed per grid) or ``'none'``.
-        pos_interp: Resampling of learned grids, ``'bicubic'`` or ``'dinov2'``.
+        pos_interp: Resampling of learned grids, ``'bicubic'``, ``'bicubic_antialias'`` (timm)
+            or ``'dinov2'``.
         layer_scale_init: LayerScale init (``None`` disables).
         act: MLP activation (``'gelu'`` or ``'quick_gelu'``).
         mlp_type: ``'mlp'`` or ``'swiglu'`` (defaults to swiglu for DINOv2-g).
@@ -161,7 +162,7 @@ class VisionTransformer(nn.Module):
                          if pick(pre_norm, 'pre_norm') else nn.Identity())
 
         attn_cfgs = self._per_layer(attn_cfg)
-        dpr = torch.linspace(0, drop_path_rate, self.num_layers).tolist()
+        dpr = [drop_path_rate * i / max(self.num_layers - 1, 1) for i in range(self.num_layers)]
         self.blocks = nn.ModuleList([
             TransformerBlock(
                 self.embed_dims,
@@ -259,7 +260,8 @@ class VisionTransformer(nn.Module):
         from mmlinvit.layers.pos_embed import infer_square_grid
         n_patch = ckpt.shape[1] - int(self.with_cls_token)
         self.pos_grid = infer_square_grid(n_patch)
-        self.pos_embed = nn.Parameter(torch.empty_like(ckpt, device=self.pos_embed.device),
+        self.pos_embed = nn.Parameter(torch.empty_like(ckpt, device=self.pos_embed.device,
+                                                       dtype=self.pos_embed.dtype),
                                       requires_grad=self.pos_embed.requires_grad)
 
     # ------------------------------------------------------------------ forward pieces
@@ -326,9 +328,14 @@ class VisionTransformer(nn.Module):
         return patches.transpose(1, 2).reshape(b, c, hw_shape[0], hw_shape[1])
 
     def forward_tokens(self, x: torch.Tensor,
-                       patch_mask: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Tuple[int, int]]:
-        """Final normalised tokens (B, N, C) of the whole stack, and the grid."""
-        tokens, hw_shape = self.prepare_tokens(x, patch_mask)
+                       patch_mask: Optional[torch.Tensor] = None,
+                       mask_token: Optional[torch.Tensor] = None
+                       ) -> Tuple[torch.Tensor, Tuple[int, int]]:
+        """Final normalised tokens (B, N, C) of the whole stack, and the grid.
+
+        ``patch_mask`` / ``mask_token`` are passed to :meth:`prepare_tokens`.
+        """
+        tokens, hw_shape = self.prepare_tokens(x, patch_mask, mask_token)
         for blk in self.blocks:
             tokens = blk(tokens, hw_shape, self.num_prefix_tokens)
         return self.norm(tokens), hw_shape
@@ -369,3 +376,24 @@ class VisionTransformer(nn.Module):
         if name.startswith('blocks.'):
             return int(name.split('.')[1]) + 1, total
         return total - 1, total
+
+
+class LinearVisionTransformer(VisionTransformer):
+    """The linearized student: a :class:`VisionTransformer` whose default ``attn_cfg`` is
+    ``'elu'`` (kernel linear attention with ELU + 1, ViT-AdaLA's student operator).
+
+    Every softmax-teacher checkpoint loads into it unchanged (all operators keep the ``qkv`` /
+    ``proj`` parameters); token mixing is O(N) in time and memory.  Any other operator, or a
+    per-layer hybrid list, can still be passed as ``attn_cfg``.
+
+    Args:
+        arch: See :class:`VisionTransformer`.
+        attn_cfg: Operator name/config, or one per layer; default ``'elu'``.
+        **kwargs: Every other :class:`VisionTransformer` argument.
+    """
+
+    def __init__(self,
+                 arch: Union[str, dict] = 'b',
+                 attn_cfg: Union[str, dict, Sequence[Union[str, dict]]] = 'elu',
+                 **kwargs) -> None:
+        super().__init__(arch=arch, attn_cfg=attn_cfg, **kwargs)

@@ -6,9 +6,12 @@ import torch
 import torch.nn.functional as F
 
 #: Resampling conventions of learned position-embedding grids.
-#: ``bicubic``: timm / DeiT / MAE / CLIP (``size=``, align_corners=False, no antialias).
+#: ``bicubic``: DeiT / MAE fine-tuning code, mmpretrain, mmseg (``size=``, align_corners=False,
+#: no antialias).
+#: ``bicubic_antialias``: timm's ``resample_abs_pos_embed`` (``dynamic_img_size`` and checkpoint
+#: resizing): the same call with ``antialias=True``, which differs even when upsampling.
 #: ``dinov2``: the DINOv2 hub code (``scale_factor=(h + 0.1) / H``, bicubic, no antialias).
-POS_INTERP_MODES = ('bicubic', 'dinov2')
+POS_INTERP_MODES = ('bicubic', 'bicubic_antialias', 'dinov2')
 
 
 def resample_pos_grid(pos: torch.Tensor, src_hw: Tuple[int, int], dst_hw: Tuple[int, int],
@@ -39,7 +42,7 @@ def resample_pos_grid(pos: torch.Tensor, src_hw: Tuple[int, int], dst_hw: Tuple[
                                f'expected {tuple(dst_hw)}')
     else:
         grid = F.interpolate(grid, size=dst_hw, mode='bicubic', align_corners=False,
-                             antialias=False)
+                             antialias=(mode == 'bicubic_antialias'))
     return grid.permute(0, 2, 3, 1).reshape(1, dst_hw[0] * dst_hw[1], c).to(dtype)
 
 

@@ -4,3 +4,4 @@ from .operators import register_attention_operators
 
 register_backbones()
 register_attention_operators()
+from . import distill, losses  # noqa: F401,E402  (registers distillation models and losses)

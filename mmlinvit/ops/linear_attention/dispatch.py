@@ -2,18 +2,156 @@
 
 Callers (the attention operators) pass raw per-head q, k, v; the feature map is applied
 here (fused into the kernel on the Triton path).
+
+Backend choice, most specific first:
+
+1. the ``backend`` argument (``'torch'``, ``'triton'``; ``None``/``'auto'`` = not forced);
+2. the environment variable ``MMLINVIT_LINEAR_ATTN_BACKEND`` = ``torch`` | ``triton`` | ``auto``;
+3. auto: CUDA tensors with Triton installed and a supported shape/dtype -> Triton kernel
+   (:mod:`.fused`), everything else -> PyTorch (:mod:`.torch_impl`).
+
+Forcing ``'triton'`` on CPU tensors is allowed only with ``TRITON_INTERPRET=1`` (the Triton
+interpreter; tests only).  Each distinct choice is logged once on the ``mmlinvit`` logger.
+Triton availability is checked with :func:`importlib.util.find_spec`; :mod:`.fused` (which
+imports triton) is imported only when the kernel path is actually taken.
 """
+import importlib
+import importlib.util
+import logging
+import os
+from types import ModuleType
+from typing import Optional, Set, Tuple
+
 import torch
 
 from ..feature_maps import get_feature_map
-from .torch_impl import linear_attention_torch
+from .torch_impl import inline_attention_torch, linear_attention_torch
+
+logger = logging.getLogger('mmlinvit')
+
+#: Environment variable that forces a backend for every call without ``backend=``.
+BACKEND_ENV_VAR = 'MMLINVIT_LINEAR_ATTN_BACKEND'
+BACKENDS = ('torch', 'triton')
+_ENV_CHOICES = ('auto', ) + BACKENDS
+
+# Kept in sync with fused.MAX_HEAD_DIM / fused._SUPPORTED_DTYPES (fused imports triton, so its
+# constants cannot be read before the kernel path is chosen).
+_KERNEL_MAX_HEAD_DIM = 128
+_KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+_logged_choices: Set[Tuple[str, str]] = set()
+
+
+def triton_available() -> bool:
+    """Whether the ``triton`` package is installed (checked without importing it)."""
+    return importlib.util.find_spec('triton') is not None
+
+
+def triton_interpreter_enabled() -> bool:
+    """Whether ``TRITON_INTERPRET=1`` is set (Triton kernels then run on CPU tensors)."""
+    return os.environ.get('TRITON_INTERPRET', '0') == '1'
+
+
+def _log_choice_once(backend: str, reason: str) -> None:
+    key = (backend, reason)
+    if key not in _logged_choices:
+        _logged_choices.add(key)
+        logger.info('linear attention backend: %s (%s)', backend, reason)
+
+
+def _requested_backend(backend: Optional[str]) -> str:
+    """'auto', 'torch' or 'triton' from the argument, else from the environment."""
+    if backend is not None:
+        if backend not in _ENV_CHOICES:
+            raise ValueError(f'Unknown linear attention backend {backend!r}; available: '
+                             f'{list(_ENV_CHOICES)} (or None)')
+        return backend
+    env = os.environ.get(BACKEND_ENV_VAR, '').strip().lower()
+    if env == '':
+        return 'auto'
+    if env not in _ENV_CHOICES:
+        raise ValueError(f'{BACKEND_ENV_VAR}={env!r} is not a backend; use one of '
+                         f'{list(_ENV_CHOICES)}')
+    return env
+
+
+def _kernel_unsupported_reason(q: torch.Tensor, k: torch.Tensor,
+                               v: torch.Tensor) -> Optional[str]:
+    """Why the Triton kernel cannot take these inputs, or None when it can."""
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        return 'inputs are not 4-D (B, H, N, d)'
+    if max(q.shape[-1], v.shape[-1]) > _KERNEL_MAX_HEAD_DIM:
+        return f'head dim > {_KERNEL_MAX_HEAD_DIM}'
+    if any(t.dtype not in _KERNEL_DTYPES for t in (q, k, v)):
+        return f'dtype not in {[str(t) for t in _KERNEL_DTYPES]}'
+    if q.shape[-2] == 0 or k.shape[-2] == 0:
+        return 'empty token dimension'
+    return None
+
+
+def select_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   backend: Optional[str] = None) -> str:
+    """Returns ``'torch'`` or ``'triton'`` for these inputs and logs the choice once.
+
+    Args:
+        q: Queries (B, H, N, d).
+        k: Keys (B, H, M, d).
+        v: Values (B, H, M, e).
+        backend: ``None``/``'auto'``, ``'torch'`` or ``'triton'``; ``None`` defers to
+            ``MMLINVIT_LINEAR_ATTN_BACKEND``.
+
+    Returns:
+        The backend name.
+
+    Raises:
+        RuntimeError: ``'triton'`` is forced but triton is missing, or the tensors are on CPU
+            without ``TRITON_INTERPRET=1``.
+        ValueError: unknown backend name, or ``'triton'`` forced on inputs it cannot take.
+    """
+    requested = _requested_backend(backend)
+    if requested == 'torch':
+        _log_choice_once('torch', 'forced')
+        return 'torch'
+    if requested == 'triton':
+        if not triton_available():
+            raise RuntimeError('linear attention backend "triton" was requested but triton is '
+                               'not installed; install triton or use backend "torch"')
+        if q.device.type != 'cuda' and not triton_interpreter_enabled():
+            raise RuntimeError(f'linear attention backend "triton" needs CUDA tensors (got '
+                               f'{q.device}); set TRITON_INTERPRET=1 to run the kernel in the '
+                               'Triton CPU interpreter, or use backend "torch"')
+        reason = _kernel_unsupported_reason(q, k, v)
+        if reason is not None:
+            raise ValueError(f'linear attention backend "triton" cannot take these inputs: '
+                             f'{reason}; use backend "torch"')
+        _log_choice_once('triton', 'forced')
+        return 'triton'
+    # auto
+    if q.device.type != 'cuda':
+        _log_choice_once('torch', f'auto: {q.device.type} tensors')
+        return 'torch'
+    if not triton_available():
+        _log_choice_once('torch', 'auto: triton is not installed')
+        return 'torch'
+    reason = _kernel_unsupported_reason(q, k, v)
+    if reason is not None:
+        _log_choice_once('torch', f'auto: {reason}')
+        return 'torch'
+    _log_choice_once('triton', 'auto: CUDA tensors and triton installed')
+    return 'triton'
+
+
+def _fused_module() -> ModuleType:
+    """Imports the Triton kernels (only called once the triton path was chosen)."""
+    return importlib.import_module('.fused', __package__)
 
 
 def linear_attention(q: torch.Tensor,
                      k: torch.Tensor,
                      v: torch.Tensor,
                      feature_map: str = 'elu',
-                     eps: float = 1e-6) -> torch.Tensor:
+                     eps: float = 1e-6,
+                     backend: Optional[str] = None) -> torch.Tensor:
     """phi(Q) S / (phi(Q) z + eps), S = phi(K)^T V / N, z = mean(phi(K)), fp32 accumulation.
 
     Args:
@@ -22,16 +160,22 @@ def linear_attention(q: torch.Tensor,
         v: Values (B, H, M, e).
         feature_map: ``'elu'``, ``'relu'`` or ``'identity'``.
         eps: Normaliser epsilon.
+        backend: ``None`` (environment / auto), ``'auto'``, ``'torch'`` or ``'triton'``.
 
     Returns:
         (B, H, N, e) in the dtype of ``v``.
     """
-    phi = get_feature_map(feature_map)
+    phi = get_feature_map(feature_map)  # validates the name on every path
+    if select_backend(q, k, v, backend) == 'triton':
+        return _fused_module().fused_linear_attention(q, k, v, feature_map, eps)
     return linear_attention_torch(phi(q.float()), phi(k.float()), v, eps)
 
 
-def inline_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                     scale: float) -> torch.Tensor:
+def inline_attention(q: torch.Tensor,
+                     k: torch.Tensor,
+                     v: torch.Tensor,
+                     scale: float,
+                     backend: Optional[str] = None) -> torch.Tensor:
     """InLine attention: A_ij = (s/M) q_i.k_j + (1/M)(1 - s q_i.kbar); rows sum to 1.
 
     out_i = s q_i (K^T V / M) + (1 - s q_i.kbar) vbar, accumulated in fp32.
@@ -41,15 +185,11 @@ def inline_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         k: Keys (B, H, M, d).
         v: Values (B, H, M, e).
         scale: s, usually d ** -0.5.
+        backend: ``None`` (environment / auto), ``'auto'``, ``'torch'`` or ``'triton'``.
 
     Returns:
         (B, H, N, e) in the dtype of ``v``.
     """
-    q32, k32, v32 = q.float(), k.float(), v.float()
-    m = k32.shape[-2]
-    kv = torch.matmul(k32.transpose(-2, -1), v32).div_(m)
-    k_mean = k32.mean(dim=-2, keepdim=True)  # (B, H, 1, d)
-    v_mean = v32.mean(dim=-2, keepdim=True)  # (B, H, 1, e)
-    out = scale * torch.matmul(q32, kv)
-    out = out + (1.0 - scale * (q32 * k_mean).sum(-1, keepdim=True)) * v_mean
-    return out.to(v.dtype)
+    if select_backend(q, k, v, backend) == 'triton':
+        return _fused_module().fused_inline_attention(q, k, v, scale)
+    return inline_attention_torch(q, k, v, scale)

@@ -1,0 +1,23 @@
+# ADE20K at 518 x 518 crops for patch-14 backbones (DINOv2): 518 = 37 x 14, the native grid
+# of DINOv2 checkpoints, so no pixel is dropped by the patch embedding.  Same layout and
+# label convention as ade20k_512x512.py; test images are resized to a short side of 518.
+_base_ = './ade20k_512x512.py'
+crop_size = (518, 518)
+train_pipeline = [
+    dict(type='LoadImageFromFile'),
+    dict(type='LoadAnnotations', reduce_zero_label=True),
+    dict(type='RandomResize', scale=(2072, 518), ratio_range=(0.5, 2.0), keep_ratio=True),
+    dict(type='RandomCrop', crop_size=crop_size, cat_max_ratio=0.75),
+    dict(type='RandomFlip', prob=0.5),
+    dict(type='PhotoMetricDistortion'),
+    dict(type='PackSegInputs'),
+]
+test_pipeline = [
+    dict(type='LoadImageFromFile'),
+    dict(type='Resize', scale=(2072, 518), keep_ratio=True),
+    dict(type='LoadAnnotations', reduce_zero_label=True),
+    dict(type='PackSegInputs'),
+]
+train_dataloader = dict(dataset=dict(pipeline=train_pipeline))
+val_dataloader = dict(dataset=dict(pipeline=test_pipeline))
+test_dataloader = val_dataloader

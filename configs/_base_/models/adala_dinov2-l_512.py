@@ -1,0 +1,22 @@
+# ViT-AdaLA pair at 512 x 512: a frozen DINOv2-L/14 softmax teacher and a linear-attention
+# (ELU + 1) student with the same weights.  Stage configs add recorders and losses.
+# Official DINOv2 hub checkpoints load directly (layout detected by mmlinvit.converters).
+dinov2_checkpoint = 'checkpoints/dinov2_vitl14_pretrain.pth'
+model = dict(
+    type='mmlinvit.DistillationModel',
+    student=dict(
+        type='mmlinvit.LinearVisionTransformer',
+        arch='l',
+        family='dinov2',
+        img_size=512,
+        attn_cfg='elu',
+        out_type='raw',
+        pretrained=dinov2_checkpoint),
+    teacher=dict(
+        type='mmlinvit.VisionTransformer',
+        arch='l',
+        family='dinov2',
+        img_size=512,
+        attn_cfg='softmax',
+        out_type='raw',
+        pretrained=dinov2_checkpoint))

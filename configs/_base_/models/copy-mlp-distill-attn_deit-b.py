@@ -1,0 +1,50 @@
+# "Copy the MLP, distill the attention" (seed 000) on DeiT-B/16: an mmpretrain ImageClassifier
+# whose backbone is a linear-attention ViT, initialised from the frozen softmax DeiT teacher
+# by a weight-transfer strategy, and trained with the task loss + lambda * per-block
+# attention-output MSE (lambda = 50).
+#
+# The three axes are config keys:
+#   operator      model.student.backbone.attn_cfg     'elu' | 'relu' | 'inline' | 'mhla' | 'ttt'
+#   init          model.weight_transfer.strategy      'random' | 'copy' | 'mlp_copy' | 'full_copy'
+#                                                     | 'mimetic' | 'impulse'
+#   distillation  model.distill_losses                keep, or None for "w/o distill"
+# e.g. --cfg-options model.student.backbone.attn_cfg=relu model.weight_transfer.strategy=full_copy
+teacher_checkpoint = 'checkpoints/deit_base_patch16_224-b5f2ef4d.pth'
+model = dict(
+    type='mmlinvit.DistillationModel',
+    student=dict(
+        type='ImageClassifier',
+        backbone=dict(
+            type='mmlinvit.LinearVisionTransformer',
+            arch='b',
+            family='deit',
+            img_size=224,
+            attn_cfg='elu',
+            drop_path_rate=0.1,
+            out_type='cls_token'),
+        neck=None,
+        head=dict(
+            type='LinearClsHead',
+            num_classes=1000,
+            in_channels=768,
+            loss=dict(type='LabelSmoothLoss', label_smooth_val=0.1, mode='original'),
+            init_cfg=dict(type='TruncNormal', layer='Linear', std=0.02))),
+    teacher=dict(
+        type='mmlinvit.VisionTransformer',
+        arch='b',
+        family='deit',
+        img_size=224,
+        attn_cfg='softmax',
+        out_type='cls_token',
+        pretrained=teacher_checkpoint),
+    weight_transfer=dict(strategy='mlp_copy'),
+    student_recorders=dict(attn_out=dict(type='ModuleOutputs', source='backbone.blocks.{i}.attn')),
+    teacher_recorders=dict(attn_out=dict(type='ModuleOutputs', source='blocks.{i}.attn')),
+    distill_losses=dict(
+        attn_out=dict(
+            loss=dict(type='mmlinvit.AttentionOutputMSELoss', loss_weight=50.0),
+            inputs=dict(
+                student_outputs='student.attn_out',
+                teacher_outputs='teacher.attn_out',
+                student_token_layout='context.student_token_layout',
+                teacher_token_layout='context.teacher_token_layout'))))

@@ -1,0 +1,46 @@
+# ViT-Linearizer distillation, usable by any student backbone: a frozen OpenAI CLIP ViT-B/16
+# teacher sees the full image; the student sees it with 75% of its patch tokens replaced by a
+# learnable mask token (sampled per image).
+#   L = L_act + lambda * L_mask, lambda = 1
+#   L_act : cosine-similarity maps of the visible patch tokens at K = 4 stage boundaries
+#   L_mask: Smooth L1 between the projected student and the teacher final features at the
+#           masked patches (the LinearConnector 'proj' is dropped after distillation).
+# A student config sets model.student, model.student_recorders (records 'stages', a template
+# over its K stage-end blocks, and 'final', its final normalised tokens) and the width of
+# model.connectors.proj; backbones without num_prefix_tokens also set student_token_layout.
+teacher_checkpoint = 'checkpoints/clip_vit_b16_openai.pt'
+model = dict(
+    type='mmlinvit.DistillationModel',
+    student=None,
+    teacher=dict(
+        type='mmlinvit.VisionTransformer',
+        arch='b',
+        family='clip',
+        img_size=224,
+        attn_cfg='softmax',
+        out_type='raw',
+        pretrained=teacher_checkpoint),
+    teacher_recorders=dict(
+        stages=dict(type='ModuleOutputs', source='blocks.{i}', indices=[2, 5, 8, 11]),
+        final=dict(type='ModuleOutputs', source='norm')),
+    student_recorders=None,
+    patch_masking=dict(ratio=0.75, seed=0),
+    connectors=dict(proj=dict(type='mmlinvit.LinearConnector', in_channels=None,
+                              out_channels=768)),
+    distill_losses=dict(
+        act=dict(
+            loss=dict(type='mmlinvit.ActivationMatchingLoss', loss_weight=1.0),
+            inputs=dict(
+                student_feats='student.stages',
+                teacher_feats='teacher.stages',
+                patch_mask='context.patch_mask',
+                student_token_layout='context.student_token_layout',
+                teacher_token_layout='context.teacher_token_layout')),
+        mask=dict(
+            loss=dict(type='mmlinvit.MaskedPredictionLoss', loss_weight=1.0),
+            inputs=dict(
+                student_feats=dict(source='student.final', connector='proj'),
+                teacher_feats='teacher.final',
+                patch_mask='context.patch_mask',
+                student_token_layout='context.student_token_layout',
+                teacher_token_layout='context.teacher_token_layout'))))

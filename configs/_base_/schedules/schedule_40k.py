@@ -1,0 +1,8 @@
+# 40k iterations (short runs, ablations); otherwise as schedule_160k.py.
+_base_ = './schedule_160k.py'
+param_scheduler = [
+    dict(type='LinearLR', start_factor=1e-6, by_epoch=False, begin=0, end=1500),
+    dict(type='PolyLR', eta_min=0.0, power=1.0, begin=1500, end=40000, by_epoch=False),
+]
+train_cfg = dict(type='IterBasedTrainLoop', max_iters=40000, val_interval=4000)
+default_hooks = dict(checkpoint=dict(interval=4000))

@@ -1,0 +1,24 @@
+# ViT-AdaLA Stage 2 (feature alignment) on ImageNet-22K images at 512 x 512: the whole student,
+# starting from its Stage-1 checkpoint, matches the frozen teacher's final features (MSE).
+_base_ = [
+    '../_base_/models/adala_dinov2-l_512.py',
+    '../_base_/datasets/image_folder_bs8_512.py',
+    '../_base_/schedules/distill_adamw_10e.py',
+    '../_base_/default_runtime_cls.py',
+]
+stage1_checkpoint = 'work_dirs/vit-adala_stage1_attn-align_dinov2-l_coco-512/epoch_4.pth'
+model = dict(
+    # the student weights come from the Stage-1 checkpoint (load_from), not from DINOv2
+    student=dict(pretrained=None),
+    teacher_recorders=dict(final=dict(type='ModuleOutputs', source='norm')),
+    student_recorders=dict(final=dict(type='ModuleOutputs', source='norm')),
+    distill_losses=dict(
+        feat=dict(
+            loss=dict(type='mmlinvit.FeatureMSELoss', loss_weight=1.0),
+            inputs=dict(student_feats='student.final', teacher_feats='teacher.final'))))
+train_dataloader = dict(dataset=dict(data_root='data/imagenet21k', data_prefix='train'))
+load_from = stage1_checkpoint
+missing_path_hints = {
+    'load_from': 'Run ViT-AdaLA Stage 1 first: python tools/train.py '
+                 'configs/adala/vit-adala_stage1_attn-align_dinov2-l_coco-512.py',
+}

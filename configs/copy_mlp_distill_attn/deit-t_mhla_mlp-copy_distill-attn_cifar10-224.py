@@ -1,0 +1,13 @@
+# Copy the MLP, distill the attention with an MHLA student (ReLU, 2 x 2 blocks of 7 x 7
+# tokens on the 14 x 14 grid, learned block mixing, 5 x 5 depth-wise conv on V).  As in the
+# paper, the MHLA student has no class token (fixed sin-cos positions, average pooling), so the
+# attention outputs are compared on the patch tokens only.
+_base_ = './deit-t_elu_mlp-copy_distill-attn_cifar10-224.py'
+model = dict(
+    student=dict(
+        backbone=dict(
+            attn_cfg=dict(type='mhla', block_grid=2),
+            with_cls_token=False,
+            pos_embed_type='sincos',
+            out_type='avg_featmap')),
+    distill_losses=dict(attn_out=dict(loss=dict(patch_tokens_only=True))))

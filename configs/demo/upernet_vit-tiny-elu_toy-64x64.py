@@ -1,0 +1,21 @@
+# The demo's linear student, AdaLA Stage 3: the teacher's architecture with ELU+1 kernel
+# linear attention in every block, initialised from the Stage-2 student checkpoint
+# (tools/demo.py sets `pretrained`), fine-tuned with UPerNet on the toy scenes with
+# layer-wise learning-rate decay.
+_base_ = ['./upernet_vit-tiny-softmax_toy-64x64.py']
+model = dict(
+    backbone=dict(
+        type='mmlinvit.LinearVisionTransformer',
+        attn_cfg='elu',
+        pretrained='work_dirs/demo/stage2/student_backbone.pth'))
+max_iters = 200
+optim_wrapper = dict(
+    optimizer=dict(lr=1e-3),
+    constructor='mmlinvit.LayerDecayOptimWrapperConstructor',
+    paramwise_cfg=dict(layer_decay_rate=0.9))
+param_scheduler = [
+    dict(type='LinearLR', start_factor=0.05, by_epoch=False, begin=0, end=20),
+    dict(type='PolyLR', eta_min=1e-5, power=1.0, begin=20, end=max_iters, by_epoch=False),
+]
+train_cfg = dict(max_iters=max_iters, val_interval=max_iters)
+default_hooks = dict(checkpoint=dict(interval=max_iters))

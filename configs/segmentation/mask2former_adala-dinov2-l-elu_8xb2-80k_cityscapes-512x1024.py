@@ -1,0 +1,42 @@
+# ViT-AdaLA Stage 3 on Cityscapes (19 classes), 512 x 1024 crops: the linearized DINOv2-L
+# student (ELU+1) from the Stage-2 checkpoint with Mask2Former, 80k iterations.
+# Patch-14 models: training batches are padded to a multiple of 14 (518 x 1036, padding
+# labelled 255 = ignored); sliding-window inference uses 518 x 1036 windows (multiples of 14)
+# over the 1024 x 2048 test images, so no test-time padding is needed.
+# Data: leftImg8bit + gtFine, labels converted with mmseg's
+#   python tools/dataset_converters/cityscapes.py data/cityscapes --nproc 8
+_base_ = [
+    '../_base_/models/mask2former_vit.py', '../_base_/datasets/cityscapes_512x1024.py',
+    '../_base_/default_runtime_seg.py', '../_base_/schedules/schedule_80k.py'
+]
+stage2_checkpoint = 'work_dirs/vit-adala_stage2_feat-align_dinov2-l_in22k-512/epoch_10.pth'
+missing_path_hints = {
+    'model.backbone.pretrained':
+    'This is the ViT-AdaLA Stage-2 student (keys student.*). Produce it with Stage 1 then '
+    'Stage 2: python tools/train.py configs/adala/vit-adala_stage1_attn-align_dinov2-l_coco-512.py '
+    '&& python tools/train.py configs/adala/vit-adala_stage2_feat-align_dinov2-l_in22k-512.py, '
+    'or pass an existing one with --cfg-options model.backbone.pretrained=PATH.',
+}
+num_classes = 19
+embed_dims = 1024
+model = dict(
+    data_preprocessor=dict(size=None, size_divisor=14, test_cfg=None),
+    backbone=dict(
+        type='mmlinvit.LinearVisionTransformer',
+        arch='l',
+        family='dinov2',
+        img_size=518,
+        attn_cfg='elu',
+        out_indices=[7, 11, 15, 23],
+        drop_path_rate=0.3,
+        pretrained=stage2_checkpoint),
+    neck=dict(embed_dim=embed_dims),
+    decode_head=dict(
+        in_channels=[embed_dims] * 4,
+        num_classes=num_classes,
+        loss_cls=dict(class_weight=[1.0] * num_classes + [0.1])),
+    test_cfg=dict(mode='slide', crop_size=(518, 1036), stride=(345, 690)))
+optim_wrapper = dict(
+    optimizer=dict(lr=2e-5, weight_decay=0.05),
+    paramwise_cfg=dict(layer_decay_rate=0.9),
+    clip_grad=dict(max_norm=0.01, norm_type=2))

@@ -1,0 +1,521 @@
+"""Adventurer: a causal Mamba-2 vision backbone (Wang et al., 2024), plain PyTorch.
+
+Token order is ``[patch_1 .. patch_n, cls]``: the class token is appended at the END so that
+the causal scan lets it read every patch.  Each block (residual stream x of n + 1 tokens)::
+
+    t = RMSNorm(x)
+    t = [flip(t[:, :-1]), t[:, -1:]]     only in flipped blocks (patches reversed, cls stays)
+    t = [mean(t), t]                     "heading average" token prepended
+    t = Mamba2Mixer(t)[:, 1:]            its output is dropped
+    t = [flip(t[:, :-1]), t[:, -1:]]     flipped back, so every block keeps the patch order
+    x = x + drop_path(t)
+    x = x + drop_path(SwiGLU(RMSNorm(x)))   hidden width 2.5 x embed_dims
+
+Flip schedules (``flip_schedule``):
+
+* ``'paper'`` (default): every other block runs in the reverse direction (blocks 1, 3, 5, ...),
+  which is what the paper and the comment of the public code describe ("execute it every two
+  blocks").  Chosen as the default because it is the documented design and gives every
+  patch token context from both sides at every depth.
+* ``'official'``: the literal condition of the public code, ``n // 2 == 1``, which flips only
+  blocks 2 and 3.  Use it to reproduce or fine-tune the released checkpoints, which were
+  trained with it.
+* ``'none'``, or a sequence of block indices to flip.
+
+Parameter names follow the public code (``patch_embed.proj``, ``cls_token``, ``pos_embed``
+with the class position LAST, ``layers.i.{norm, mixer.*, norm_mlp, mlp.w1, mlp.w2, mlp.w3}``,
+``norm_f``) plus ``mask_token``, so released weights load with ``strict=True`` once the
+classifier ``head.*`` is dropped (see :meth:`Adventurer.init_weights`).
+
+Memory is O(N) in the number of tokens: the mixer's chunked scan never builds an N x N
+tensor, only chunk x chunk blocks.
+"""
+import logging
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from mmlinvit.layers.mamba2 import Mamba2Mixer
+from mmlinvit.layers.norm import RMSNorm
+from mmlinvit.layers.patch_embed import PatchEmbed
+from mmlinvit.layers.pos_embed import infer_square_grid, resample_pos_grid
+from mmlinvit.layers.transformer import DropPath
+
+logger = logging.getLogger(__name__)
+
+#: Sizes of the public models (all patch 16, Mamba-2 headdim 64, d_state 64, expand 2).
+ADVENTURER_SIZES: Dict[str, dict] = {
+    't': dict(embed_dims=256, num_layers=12),
+    's': dict(embed_dims=512, num_layers=12),
+    'b': dict(embed_dims=768, num_layers=12),
+    'l': dict(embed_dims=1024, num_layers=24),
+}
+_SIZE_ALIASES = {'tiny': 't', 'small': 's', 'base': 'b', 'large': 'l'}
+
+OUT_TYPES = ('raw', 'cls_token', 'avg_featmap', 'featmap')
+FLIP_SCHEDULES = ('paper', 'official', 'none')
+#: Checkpoint keys that wrap a state dict, unwrapped by :meth:`Adventurer.init_weights`.
+CHECKPOINT_WRAPPER_KEYS = ('state_dict', 'model')
+
+
+def flip_block_indices(schedule: Union[str, Sequence[int]], num_layers: int) -> List[int]:
+    """Indices of the blocks that scan the patch tokens in reverse.
+
+    Args:
+        schedule: ``'paper'`` (odd blocks), ``'official'`` (``n // 2 == 1``: blocks 2, 3),
+            ``'none'`` or an explicit sequence of block indices.
+        num_layers: Depth.
+
+    Returns:
+        Sorted block indices.
+    """
+    if isinstance(schedule, str):
+        if schedule == 'paper':
+            return [n for n in range(num_layers) if n % 2 == 1]
+        if schedule == 'official':
+            return [n for n in range(num_layers) if n // 2 == 1]
+        if schedule == 'none':
+            return []
+        raise KeyError(f'Unknown flip_schedule {schedule!r}; available: {FLIP_SCHEDULES} or a '
+                       f'list of block indices')
+    indices = sorted({int(n) for n in schedule})
+    bad = [n for n in indices if not 0 <= n < num_layers]
+    if bad:
+        raise IndexError(f'flip_schedule indices {bad} are out of range for {num_layers} blocks')
+    return indices
+
+
+def stage_block_indices(num_layers: int, num_stages: int) -> List[int]:
+    """Last block of each of ``num_stages`` equal stages (12 blocks, 4 stages: 2, 5, 8, 11)."""
+    if not 1 <= num_stages <= num_layers:
+        raise ValueError(f'num_stages must be in [1, {num_layers}] (the depth), got {num_stages}')
+    return [(k * num_layers) // num_stages - 1 for k in range(1, num_stages + 1)]
+
+
+def flip_patches(tokens: torch.Tensor) -> torch.Tensor:
+    """Reverses the patch tokens of ``[patches, cls]`` and keeps the class token last."""
+    return torch.cat([tokens[:, :-1].flip(1), tokens[:, -1:]], dim=1)
+
+
+class SwiGLUFFN(nn.Module):
+    """w3(silu(w1 x) * w2 x), with the unpacked ``w1`` / ``w2`` / ``w3`` names of Adventurer.
+
+    Args:
+        in_dims: Input and output width.
+        hidden_dims: Hidden width.
+        drop: Dropout after ``w3``.
+    """
+
+    def __init__(self, in_dims: int, hidden_dims: int, drop: float = 0.0) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(in_dims, hidden_dims)
+        self.w2 = nn.Linear(in_dims, hidden_dims)
+        self.w3 = nn.Linear(hidden_dims, in_dims)
+        self.drop = nn.Dropout(drop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.w3(F.silu(self.w1(x)) * self.w2(x)))
+
+
+class AdventurerBlock(nn.Module):
+    """One Adventurer block on ``[patches, cls]`` tokens (see the module docstring).
+
+    Hook point: a forward hook on ``self.mixer`` sees the mixer output of the n + 2 token
+    sequence (heading token first, flipped order in flipped blocks); :meth:`forward_mixer`
+    returns the branch output in the original token order.
+
+    Args:
+        embed_dims: Token width.
+        mlp_hidden_dims: SwiGLU hidden width.
+        flip: Whether this block scans the patches in reverse.
+        mixer_cfg: Keyword arguments of :class:`~mmlinvit.layers.mamba2.Mamba2Mixer`.
+        norm_eps: RMSNorm epsilon.
+        drop_rate: Dropout after the MLP.
+        drop_path_rate: Stochastic depth rate of both residual branches.
+    """
+
+    def __init__(self,
+                 embed_dims: int,
+                 mlp_hidden_dims: int,
+                 flip: bool = False,
+                 mixer_cfg: Optional[dict] = None,
+                 norm_eps: float = 1e-5,
+                 drop_rate: float = 0.0,
+                 drop_path_rate: float = 0.0) -> None:
+        super().__init__()
+        self.flip = flip
+        self.norm = RMSNorm(embed_dims, eps=norm_eps)
+        self.mixer = Mamba2Mixer(embed_dims, **(mixer_cfg or {}))
+        self.norm_mlp = RMSNorm(embed_dims, eps=norm_eps)
+        self.mlp = SwiGLUFFN(embed_dims, mlp_hidden_dims, drop=drop_rate)
+        self.drop_path = DropPath(drop_path_rate)
+
+    def forward_mixer(self, x: torch.Tensor) -> torch.Tensor:
+        """Mixer branch for block input ``x`` (B, n + 1, C), in the original token order."""
+        t = self.norm(x)
+        if self.flip:
+            t = flip_patches(t)
+        t = torch.cat([t.mean(dim=1, keepdim=True), t], dim=1)  # heading average token
+        t = self.mixer(t)[:, 1:]
+        return flip_patches(t) if self.flip else t
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop_path(self.forward_mixer(x))
+        return x + self.drop_path(self.mlp(self.norm_mlp(x)))
+
+    def extra_repr(self) -> str:
+        return f'flip={self.flip}'
+
+
+class StageFeatures(NamedTuple):
+    """Output of :meth:`Adventurer.forward_stages`.
+
+    Attributes:
+        stages: One (B, h * w, C) tensor per stage: the residual stream after the stage's last
+            block, patch tokens only (no class / heading token), in the original patch order.
+        tokens: Final normalised tokens (B, h * w + 1, C), class token last.
+        hw_shape: The (h, w) patch grid.
+    """
+    stages: List[torch.Tensor]
+    tokens: torch.Tensor
+    hw_shape: Tuple[int, int]
+
+
+class Adventurer(nn.Module):
+    """Adventurer backbone with ViT-like outputs (classification, segmentation, distillation).
+
+    Args:
+        arch: Size in :data:`ADVENTURER_SIZES` (``'t'``, ``'s'``, ``'b'``, ``'l'`` or the long
+            names) or a dict with ``embed_dims``, ``num_layers`` and optionally
+            ``mlp_hidden_dims`` (default ``int(2.5 * embed_dims)``).
+        img_size: Training resolution; sets the learned position grid.
+        patch_size: Patch side.
+        in_channels: Input channels.
+        mixer_cfg: Overrides of the :class:`~mmlinvit.layers.mamba2.Mamba2Mixer` defaults
+            (d_state 64, expand 2, headdim 64, d_conv 4, chunk_size 256, ngroups 1...).
+        flip_schedule: ``'paper'`` (default), ``'official'``, ``'none'`` or block indices;
+            see the module docstring.
+        norm_eps: RMSNorm epsilon.
+        with_mask_token: Whether a learnable ``mask_token`` exists (masked distillation).
+            Build with ``False`` to load released checkpoints, which have none.
+        drop_rate: Dropout after the position embedding and in the MLPs.
+        drop_path_rate: Maximum stochastic depth rate (linearly increasing over blocks).
+        out_indices: Block indices whose outputs :meth:`forward` returns (negative allowed).
+        out_type: ``'raw'`` (B, n + 1, C), ``'cls_token'`` (B, C), ``'avg_featmap'`` (B, C: mean
+            of patch tokens) or ``'featmap'`` (B, C, h, w).
+        norm_all_outputs: Apply ``norm_f`` to every returned block, not only the last one.
+        frozen_stages: Freeze the embeddings, tokens and the first ``frozen_stages`` blocks.
+        pretrained: Checkpoint path loaded by :meth:`init_weights`.
+    """
+
+    def __init__(self,
+                 arch: Union[str, dict] = 'b',
+                 img_size: Union[int, Tuple[int, int]] = 224,
+                 patch_size: int = 16,
+                 in_channels: int = 3,
+                 mixer_cfg: Optional[dict] = None,
+                 flip_schedule: Union[str, Sequence[int]] = 'paper',
+                 norm_eps: float = 1e-5,
+                 with_mask_token: bool = True,
+                 drop_rate: float = 0.0,
+                 drop_path_rate: float = 0.0,
+                 out_indices: Union[int, Sequence[int]] = -1,
+                 out_type: str = 'cls_token',
+                 norm_all_outputs: bool = False,
+                 frozen_stages: int = -1,
+                 pretrained: Optional[str] = None) -> None:
+        super().__init__()
+        if isinstance(arch, str):
+            key = _SIZE_ALIASES.get(arch, arch)
+            if key not in ADVENTURER_SIZES:
+                raise KeyError(f'Unknown Adventurer arch {arch!r}; available: '
+                               f'{sorted(ADVENTURER_SIZES)} (or {sorted(_SIZE_ALIASES)}) or a '
+                               f'dict with embed_dims and num_layers')
+            arch_cfg = dict(ADVENTURER_SIZES[key])
+            self.arch = key
+        else:
+            missing = {'embed_dims', 'num_layers'} - set(arch)
+            if missing:
+                raise KeyError(f'Custom Adventurer arch dict is missing {sorted(missing)}')
+            arch_cfg = dict(arch)
+            self.arch = 'custom'
+        if out_type not in OUT_TYPES:
+            raise KeyError(f'Unknown out_type {out_type!r}; available: {OUT_TYPES}')
+
+        self.embed_dims = arch_cfg['embed_dims']
+        self.num_layers = arch_cfg['num_layers']
+        mlp_hidden_dims = arch_cfg.get('mlp_hidden_dims', int(2.5 * self.embed_dims))
+        self.patch_size = patch_size
+        self.img_size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
+        self.pos_grid = (self.img_size[0] // patch_size, self.img_size[1] // patch_size)
+        self.mixer_cfg = dict(mixer_cfg or {})
+        self.flip_schedule = flip_schedule
+        self.flip_indices = flip_block_indices(flip_schedule, self.num_layers)
+        self.out_type = out_type
+        self.norm_all_outputs = norm_all_outputs
+        self.frozen_stages = frozen_stages
+        self.pretrained = pretrained
+
+        self.patch_embed = PatchEmbed(in_channels, self.embed_dims, patch_size)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, self.embed_dims))
+        self.mask_token = (nn.Parameter(torch.zeros(1, self.embed_dims))
+                           if with_mask_token else None)
+        # Patch positions in raster order, then the class position (LAST, like the tokens).
+        self.pos_embed = nn.Parameter(
+            torch.zeros(1, self.pos_grid[0] * self.pos_grid[1] + 1, self.embed_dims))
+        self.pos_drop = nn.Dropout(drop_rate)
+        # linspace(0, drop_path_rate, depth) in Python (works under torch.device('meta'))
+        dpr = [drop_path_rate * i / max(self.num_layers - 1, 1) for i in range(self.num_layers)]
+        self.layers = nn.ModuleList([
+            AdventurerBlock(
+                self.embed_dims,
+                mlp_hidden_dims,
+                flip=i in self.flip_indices,
+                mixer_cfg=self.mixer_cfg,
+                norm_eps=norm_eps,
+                drop_rate=drop_rate,
+                drop_path_rate=dpr[i]) for i in range(self.num_layers)
+        ])
+        self.norm_f = RMSNorm(self.embed_dims, eps=norm_eps)
+
+        if isinstance(out_indices, int):
+            out_indices = [out_indices]
+        self.out_indices = []
+        for idx in out_indices:
+            real = idx + self.num_layers if idx < 0 else idx
+            if not 0 <= real < self.num_layers:
+                raise IndexError(f'out_indices entry {idx} is out of range for '
+                                 f'{self.num_layers} layers')
+            self.out_indices.append(real)
+        self._init_parameters()
+        self._register_load_state_dict_pre_hook(self._adapt_pos_embed_on_load)
+        self._freeze_stages()
+
+    # ------------------------------------------------------------------ construction
+    @torch.no_grad()
+    def _init_parameters(self) -> None:
+        """Initialisation of the public code.
+
+        Tokens and position embeddings: truncated normal (std 0.02).  Patch projection:
+        LeCun normal (std sqrt(1 / fan_in), truncated at 2 std), zero bias.  Linear layers:
+        PyTorch default weights, zero biases; every ``mixer.out_proj.weight`` divided by
+        sqrt(depth) (prenorm residual rescaling).  Mamba-2 parameters: see
+        :class:`~mmlinvit.layers.mamba2.Mamba2Mixer`.
+        """
+        for p in (self.cls_token, self.pos_embed, self.mask_token):
+            if p is not None:
+                nn.init.trunc_normal_(p, std=0.02)
+        proj = self.patch_embed.proj
+        fan_in = proj.in_channels * proj.kernel_size[0] * proj.kernel_size[1]
+        std = fan_in**-0.5
+        nn.init.trunc_normal_(proj.weight, std=std, a=-2 * std, b=2 * std)
+        if proj.bias is not None:
+            nn.init.zeros_(proj.bias)
+        for m in self.layers.modules():
+            if isinstance(m, nn.Linear) and m.bias is not None:
+                nn.init.zeros_(m.bias)
+        for blk in self.layers:
+            blk.mixer.out_proj.weight.div_(self.num_layers**0.5)
+
+    def init_weights(self) -> None:
+        """Loads ``pretrained`` if set (mmengine calls this); otherwise keeps the init.
+
+        The file is read with ``torch.load(weights_only=True)``; a state dict wrapped under
+        one of :data:`CHECKPOINT_WRAPPER_KEYS` is unwrapped, and classifier keys ``head.*``
+        (released ImageNet models) are dropped with a log line.  Everything else must match
+        exactly (``strict=True``); a mismatch raises a ``KeyError`` that lists the missing and
+        unexpected keys.  A different position grid is adopted and resampled per forward.
+        """
+        if not self.pretrained:
+            return
+        ckpt = torch.load(self.pretrained, map_location='cpu', weights_only=True)
+        for key in CHECKPOINT_WRAPPER_KEYS:
+            if isinstance(ckpt, dict) and isinstance(ckpt.get(key), dict):
+                ckpt = ckpt[key]
+                break
+        if not isinstance(ckpt, dict):
+            raise TypeError(f'{self.pretrained} does not hold a state dict (got '
+                            f'{type(ckpt).__name__})')
+        head = sorted(k for k in ckpt if k.startswith('head.'))
+        if head:
+            logger.info('Adventurer.init_weights: dropping classifier keys %s', head)
+            ckpt = {k: v for k, v in ckpt.items() if not k.startswith('head.')}
+        own = set(self.state_dict())
+        missing, unexpected = sorted(own - set(ckpt)), sorted(set(ckpt) - own)
+        if missing or unexpected:
+            hints = []
+            if 'mask_token' in missing:
+                hints.append('the checkpoint has no mask_token: build with with_mask_token=False')
+            if any(k.startswith('backbone.') for k in unexpected):
+                hints.append("keys carry a 'backbone.' prefix: strip it first")
+            raise KeyError(f'Checkpoint {self.pretrained} does not match Adventurer '
+                           f'({self.arch}): missing keys {missing}; unexpected keys '
+                           f'{unexpected}' + (f" ({'; '.join(hints)})" if hints else ''))
+        self.load_state_dict(ckpt, strict=True)
+
+    def _freeze_stages(self) -> None:
+        if self.frozen_stages < 0:
+            return
+        for p in (self.cls_token, self.mask_token, self.pos_embed):
+            if p is not None:
+                p.requires_grad_(False)
+        for mod in [self.patch_embed] + list(self.layers[:self.frozen_stages]):
+            mod.eval()
+            for p in mod.parameters():
+                p.requires_grad_(False)
+
+    def train(self, mode: bool = True) -> 'Adventurer':
+        super().train(mode)
+        self._freeze_stages()
+        return self
+
+    def _adapt_pos_embed_on_load(self, state_dict: Dict[str, torch.Tensor], prefix: str,
+                                 *args) -> None:
+        """Adopts the checkpoint's (square) position grid; forward resamples it."""
+        key = prefix + 'pos_embed'
+        if key not in state_dict:
+            return
+        ckpt = state_dict[key]
+        if (ckpt.shape == self.pos_embed.shape or ckpt.ndim != 3
+                or ckpt.shape[-1] != self.embed_dims):
+            return  # matching, or a mismatch load_state_dict reports with both shapes
+        self.pos_grid = infer_square_grid(ckpt.shape[1] - 1)
+        self.pos_embed = nn.Parameter(torch.empty_like(ckpt, device=self.pos_embed.device),
+                                      requires_grad=self.pos_embed.requires_grad)
+
+    # ------------------------------------------------------------------ forward pieces
+    @property
+    def num_heads(self) -> int:
+        """Mamba-2 heads per block."""
+        return self.layers[0].mixer.nheads
+
+    def patch_pos_embed(self, hw_shape: Tuple[int, int]) -> torch.Tensor:
+        """Patch position embeddings resampled (bicubic) to ``hw_shape``, (1, h * w, C)."""
+        return resample_pos_grid(self.pos_embed[:, :-1], self.pos_grid, hw_shape, 'bicubic')
+
+    def prepare_tokens(self,
+                       x: torch.Tensor,
+                       patch_mask: Optional[torch.Tensor] = None,
+                       mask_token: Optional[torch.Tensor] = None
+                       ) -> Tuple[torch.Tensor, Tuple[int, int]]:
+        """Patchify, mask, add position embeddings and append the class token.
+
+        Args:
+            x: Images (B, C, H, W).
+            patch_mask: Optional (B, h * w) bool; True patches are replaced by the mask token
+                before the position embedding is added.
+            mask_token: (1, C) or (C,) token for masked patches; defaults to
+                ``self.mask_token``.
+
+        Returns:
+            Tokens (B, h * w + 1, C) with the class token last, and the (h, w) grid.
+        """
+        tokens, hw_shape = self.patch_embed(x)
+        b, n, _ = tokens.shape
+        if patch_mask is not None:
+            token = self.mask_token if mask_token is None else mask_token
+            if token is None:
+                raise ValueError('patch_mask given but the model has no mask token; build it '
+                                 'with with_mask_token=True or pass mask_token')
+            if tuple(patch_mask.shape) != (b, n):
+                raise ValueError(f'patch_mask must be (batch, h * w) = {(b, n)}, got '
+                                 f'{tuple(patch_mask.shape)}')
+            tokens = torch.where(patch_mask.unsqueeze(-1),
+                                 token.to(tokens.dtype).reshape(1, 1, -1), tokens)
+        tokens = tokens + self.patch_pos_embed(hw_shape).to(tokens.dtype)
+        cls = (self.cls_token + self.pos_embed[:, -1:]).to(tokens.dtype).expand(b, -1, -1)
+        return self.pos_drop(torch.cat([tokens, cls], dim=1)), hw_shape
+
+    def format_output(self, tokens: torch.Tensor, hw_shape: Tuple[int, int]) -> torch.Tensor:
+        """Turns (B, n + 1, C) tokens (class token last) into the configured ``out_type``."""
+        if self.out_type == 'raw':
+            return tokens
+        if self.out_type == 'cls_token':
+            return tokens[:, -1]
+        patches = tokens[:, :-1]
+        if self.out_type == 'avg_featmap':
+            return patches.mean(dim=1)
+        b, _, c = patches.shape
+        return patches.transpose(1, 2).reshape(b, c, hw_shape[0], hw_shape[1])
+
+    def forward_tokens(self,
+                       x: torch.Tensor,
+                       patch_mask: Optional[torch.Tensor] = None,
+                       mask_token: Optional[torch.Tensor] = None
+                       ) -> Tuple[torch.Tensor, Tuple[int, int]]:
+        """Final normalised tokens (B, h * w + 1, C), class token last, and the grid."""
+        tokens, hw_shape = self.prepare_tokens(x, patch_mask, mask_token)
+        for blk in self.layers:
+            tokens = blk(tokens)
+        return self.norm_f(tokens), hw_shape
+
+    def forward_stages(self,
+                       x: torch.Tensor,
+                       patch_mask: Optional[torch.Tensor] = None,
+                       num_stages: int = 4,
+                       mask_token: Optional[torch.Tensor] = None,
+                       normalize_stages: bool = False) -> StageFeatures:
+        """Per-stage patch features and final tokens in one pass (activation distillation).
+
+        The depth is split into ``num_stages`` equal stages (:func:`stage_block_indices`);
+        the residual stream after each stage's last block is returned for the patch tokens
+        only (class and heading tokens excluded), in the original raster order.
+
+        Args:
+            x: Images (B, C, H, W).
+            patch_mask: Optional (B, h * w) bool mask (see :meth:`prepare_tokens`).
+            num_stages: Number of stages K (1 <= K <= depth).
+            mask_token: Optional replacement of ``self.mask_token``.
+            normalize_stages: Apply ``norm_f`` to the stage features too.
+
+        Returns:
+            :class:`StageFeatures` (stages, final normalised tokens, grid).
+        """
+        ends = set(stage_block_indices(self.num_layers, num_stages))
+        tokens, hw_shape = self.prepare_tokens(x, patch_mask, mask_token)
+        stages = []
+        for i, blk in enumerate(self.layers):
+            tokens = blk(tokens)
+            if i in ends:
+                feats = self.norm_f(tokens) if normalize_stages else tokens
+                stages.append(feats[:, :-1])
+        return StageFeatures(stages, self.norm_f(tokens), hw_shape)
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        """Outputs of the blocks in ``out_indices``, formatted by ``out_type``."""
+        tokens, hw_shape = self.prepare_tokens(x)
+        outs = []
+        last = self.num_layers - 1
+        for i, blk in enumerate(self.layers):
+            tokens = blk(tokens)
+            if i in self.out_indices:
+                out = self.norm_f(tokens) if (i == last or self.norm_all_outputs) else tokens
+                outs.append(self.format_output(out, hw_shape))
+        return tuple(outs)
+
+    # ------------------------------------------------------------------ optimisation helpers
+    def get_layer_depth(self, param_name: str, prefix: str = '') -> Tuple[int, int]:
+        """Layer depth of a parameter for layer-wise learning-rate decay.
+
+        Embeddings and tokens are depth 0, block i is depth i + 1, everything after the
+        blocks (``norm_f``, heads) is ``num_layers + 1``.
+
+        Args:
+            param_name: Full parameter name.
+            prefix: Prefix of this backbone's parameters in ``param_name``
+                (e.g. ``'backbone.'``).
+
+        Returns:
+            (layer_depth, num_layers + 2).
+        """
+        total = self.num_layers + 2
+        if not param_name.startswith(prefix):
+            return total - 1, total
+        name = param_name[len(prefix):]
+        if name.split('.')[0] in ('cls_token', 'mask_token', 'pos_embed', 'patch_embed'):
+            return 0, total
+        if name.startswith('layers.'):
+            return int(name.split('.')[1]) + 1, total
+        return total - 1, total

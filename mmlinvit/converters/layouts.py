@@ -1,0 +1,367 @@
+"""Converters from official checkpoint layouts to mmlinvit's canonical ViT layout.
+
+The canonical layout is the one of :class:`mmlinvit.backbones.VisionTransformer` (timm names):
+``cls_token``, ``reg_token``, ``mask_token`` (1, C), ``pos_embed`` (class position first when
+the model has a class token, never register positions), ``patch_embed.proj``, ``pre_norm``,
+``blocks.i.{norm1, attn.qkv, attn.proj, ls1.gamma, norm2, mlp.fc1, mlp.fc2, ls2.gamma}``,
+``norm``.
+
+Each converter takes a flat ``{name: tensor}`` dict and returns the canonical dict plus a
+:class:`~.report.ConversionReport`.  Every value change is exact (a zero class position, a
+register position folded into the register token), so converted models reproduce the
+source model's features.  Keys a converter does not know pass through unchanged, so that
+:func:`mmlinvit.converters.load_pretrained` reports them instead of silently dropping them;
+only parts that are not the backbone (heads, decoders, text towers) are dropped, and the
+report lists them.
+"""
+import math
+import re
+from typing import Dict, List, Mapping, Optional, Tuple
+
+import torch
+
+from mmlinvit.utils import NameRegistry
+from .report import ConversionReport
+
+StateDict = Dict[str, torch.Tensor]
+ConversionResult = Tuple[StateDict, ConversionReport]
+
+#: Registered layout converters: name -> function(state_dict, **options).
+CHECKPOINT_LAYOUTS = NameRegistry('checkpoint layout')
+
+#: Wrapper prefixes selected before detection, in order of preference: the first one that
+#: some key carries selects the keys under it; the others are dropped and reported.
+BACKBONE_PREFIXES = ('teacher.backbone.', 'backbone.')
+
+
+def _is_square(n: int) -> bool:
+    return n > 0 and math.isqrt(n)**2 == n
+
+
+def _rename(out: StateDict, report: ConversionReport, src: str, dst: str,
+            value: torch.Tensor) -> None:
+    if dst in out:
+        raise ValueError(f'Two checkpoint keys map to {dst!r} (the second is {src!r}); the '
+                         f'checkpoint mixes layouts')
+    out[dst] = value
+    if src != dst:
+        report.renamed[src] = dst
+
+
+def select_backbone(state_dict: Mapping[str, torch.Tensor]) -> ConversionResult:
+    """Strips DDP ``module.`` and keeps the keys under a backbone prefix.
+
+    Args:
+        state_dict: Flat checkpoint dict.
+
+    Returns:
+        The backbone's keys without the prefix, and a report (layout ``'prefix'``) listing
+        the keys left out (heads, necks, DINO heads, data preprocessors...).
+    """
+    report = ConversionReport(source_layout='prefix')
+    sd = dict(state_dict)
+    if sd and all(k.startswith('module.') for k in sd):
+        sd = {k[len('module.'):]: v for k, v in sd.items()}
+        report.notes.append("stripped the 'module.' prefix of every key")
+    for prefix in BACKBONE_PREFIXES:
+        if any(k.startswith(prefix) for k in sd):
+            out = {}
+            for k, v in sd.items():
+                if k.startswith(prefix):
+                    out[k[len(prefix):]] = v
+                else:
+                    report.drop(k, f'outside {prefix!r}')
+            report.notes.append(f'kept the keys under {prefix!r}')
+            return out, report
+    return sd, report
+
+
+def detect_layout(state_dict: Mapping[str, torch.Tensor]) -> str:
+    """Names the layout of a flat (prefix-stripped) checkpoint dict.
+
+    Args:
+        state_dict: Flat checkpoint dict, after :func:`select_backbone`.
+
+    Returns:
+        ``'openai_clip'``, ``'mmpretrain'``, ``'dinov2'`` or ``'timm'``.
+
+    Raises:
+        ValueError: when no layout matches; the message shows some of the keys.
+    """
+    keys = list(state_dict)
+    if any(k.endswith('class_embedding') or 'transformer.resblocks.' in k for k in keys):
+        return 'openai_clip'
+    if ('patch_embed.projection.weight' in state_dict
+            or any(re.match(r'layers\.\d+\.(ln1|attn\.qkv)\.', k) for k in keys)):
+        return 'mmpretrain'
+    mask_token = state_dict.get('mask_token')
+    if ('register_tokens' in state_dict
+            or any(re.match(r'blocks\.\d+\.\d+\.', k) or '.mlp.w12.' in k for k in keys)
+            or (mask_token is not None and mask_token.ndim == 2)):
+        return 'dinov2'
+    if 'patch_embed.proj.weight' in state_dict or any(k.startswith('blocks.') for k in keys):
+        return 'timm'
+    raise ValueError(f'Cannot detect the layout of a checkpoint with keys {sorted(keys)[:12]}'
+                     f'{" ..." if len(keys) > 12 else ""}; pass layout= one of '
+                     f'{CHECKPOINT_LAYOUTS.names}')
+
+
+@CHECKPOINT_LAYOUTS.register_module('dinov2')
+def convert_dinov2(state_dict: Mapping[str, torch.Tensor]) -> ConversionResult:
+    """facebookresearch/dinov2 hub layout -> canonical.
+
+    ``register_tokens`` -> ``reg_token``; chunked ``blocks.<chunk>.<i>.`` -> ``blocks.<i>.``;
+    SwiGLU ``mlp.w12`` / ``mlp.w3`` -> ``mlp.fc1`` / ``mlp.fc2``; ``mask_token`` (1, C) and
+    ``pos_embed`` (class position first, no register positions) are kept as they are.
+
+    Args:
+        state_dict: Flat DINOv2 backbone state dict (``backbone.`` already stripped).
+
+    Returns:
+        Canonical state dict and report.
+    """
+    report = ConversionReport(source_layout='dinov2')
+    out: StateDict = {}
+    chunked = False
+    for key, value in state_dict.items():
+        new = key
+        if key == 'register_tokens':
+            new = 'reg_token'
+        elif key.startswith('head.'):
+            report.drop(key, 'classification head (not part of the backbone)')
+            continue
+        elif key == 'mask_token' and value.ndim != 2:
+            value = value.reshape(1, -1)
+            report.notes.append(f'mask_token reshaped to (1, {value.shape[-1]})')
+        match = re.match(r'^blocks\.(\d+)\.(\d+)\.(.*)$', new)
+        if match:
+            new = f'blocks.{match.group(2)}.{match.group(3)}'
+            chunked = True
+        new = re.sub(r'\.mlp\.w12\.', '.mlp.fc1.', new)
+        new = re.sub(r'\.mlp\.w3\.', '.mlp.fc2.', new)
+        _rename(out, report, key, new, value)
+    if chunked:
+        report.notes.append('flattened chunked blocks (blocks.<chunk>.<i> -> blocks.<i>)')
+    return out, report
+
+
+def _fix_timm_pos_embed(out: StateDict, report: ConversionReport,
+                        no_embed_class: Optional[bool]) -> None:
+    """Brings a timm ``pos_embed`` to the canonical one (class position, no registers)."""
+    pos = out.get('pos_embed')
+    if pos is None or pos.ndim != 3:
+        return
+    has_cls = 'cls_token' in out
+    num_reg = out['reg_token'].shape[1] if 'reg_token' in out else 0
+    length = pos.shape[1]
+    # Candidate readings of the pos_embed rows, by how many prefix rows precede the grid.
+    readings = {
+        'no_embed_class': 0,  # timm no_embed_class=True: grid only
+        'canonical': int(has_cls),  # class position, no register positions
+        'all_prefix': int(has_cls) + num_reg,  # timm no_embed_class=False: every prefix
+    }
+    if no_embed_class is True:
+        names = ['no_embed_class']
+    elif no_embed_class is False:
+        names = [n for n in ('all_prefix', 'canonical') if _is_square(length - readings[n])][:1]
+    else:
+        names = [n for n, rows in readings.items() if _is_square(length - rows)]
+    grids = {math.isqrt(length - readings[n]) for n in names}
+    if not names:
+        raise ValueError(f'pos_embed has {length} rows, which is no square grid after '
+                         f'{sorted(set(readings.values()))} prefix rows (class token: '
+                         f'{has_cls}, register tokens: {num_reg})')
+    if len(grids) > 1:
+        raise ValueError(f'pos_embed with {length} rows is ambiguous for {num_reg} register '
+                         f'tokens (readings {names}); pass no_embed_class=True or False')
+    name = names[0]
+    if readings[name] == readings['canonical']:
+        return
+    if name == 'no_embed_class':
+        if has_cls:
+            zero = torch.zeros_like(pos[:, :1])
+            out['pos_embed'] = torch.cat([zero, pos], dim=1)
+            report.notes.append('no_embed_class pos_embed: prepended a zero class position '
+                                '(the class token already holds its position)')
+        return
+    # all_prefix with registers: fold the constant register positions into the tokens.
+    start = int(has_cls)
+    out['reg_token'] = out['reg_token'] + pos[:, start:start + num_reg].to(out['reg_token'])
+    out['pos_embed'] = torch.cat([pos[:, :start], pos[:, start + num_reg:]], dim=1)
+    report.notes.append(f'folded {num_reg} register positions into reg_token')
+
+
+@CHECKPOINT_LAYOUTS.register_module('timm')
+def convert_timm(state_dict: Mapping[str, torch.Tensor],
+                 no_embed_class: Optional[bool] = None) -> ConversionResult:
+    """timm VisionTransformer layout -> canonical (also DeiT, DeiT-III and MAE releases).
+
+    ``norm_pre`` -> ``pre_norm``; ``head.*``, ``fc_norm.*``, ``attn_pool.*`` and MAE decoder
+    keys are dropped (reported); a ``no_embed_class`` ``pos_embed`` gets a zero class row;
+    register positions (``no_embed_class=False`` with registers) are folded into
+    ``reg_token``.  Old DeiT-III ``gamma_1``/``gamma_2`` become ``ls1.gamma``/``ls2.gamma``.
+
+    Args:
+        state_dict: Flat timm state dict.
+        no_embed_class: How ``pos_embed`` rows line up with the prefix tokens; ``None``
+            infers it from the row count (an error names the ambiguity if there is one).
+
+    Returns:
+        Canonical state dict and report.
+    """
+    report = ConversionReport(source_layout='timm')
+    is_mae_pretrain = any(k.startswith('decoder_') for k in state_dict)
+    out: StateDict = {}
+    for key, value in state_dict.items():
+        if key.startswith(('head.', 'head_drop.', 'pre_logits.')):
+            report.drop(key, 'classification head (not part of the backbone)')
+            continue
+        if key.startswith('fc_norm.'):
+            report.drop(key, 'pooled-feature norm of the head (backbone features are '
+                        'pre-pooling)')
+            continue
+        if key.startswith('attn_pool.'):
+            report.drop(key, 'attention-pooling head (not part of the backbone)')
+            continue
+        if is_mae_pretrain and (key.startswith('decoder_') or key == 'mask_token'):
+            report.drop(key, 'MAE decoder')
+            continue
+        new = key
+        if key.startswith('norm_pre.'):
+            new = 'pre_norm.' + key[len('norm_pre.'):]
+        new = re.sub(r'\.gamma_([12])$', r'.ls\1.gamma', new)
+        _rename(out, report, key, new, value)
+    _fix_timm_pos_embed(out, report, no_embed_class)
+    return out, report
+
+
+_CLIP_SWAPS = (
+    (r'^conv1\.', 'patch_embed.proj.'),
+    (r'^ln_pre\.', 'pre_norm.'),
+    (r'^ln_post\.', 'norm.'),
+    (r'^transformer\.resblocks\.(\d+)\.ln_1\.', r'blocks.\1.norm1.'),
+    (r'^transformer\.resblocks\.(\d+)\.ln_2\.', r'blocks.\1.norm2.'),
+    (r'^transformer\.resblocks\.(\d+)\.attn\.in_proj_weight$', r'blocks.\1.attn.qkv.weight'),
+    (r'^transformer\.resblocks\.(\d+)\.attn\.in_proj_bias$', r'blocks.\1.attn.qkv.bias'),
+    (r'^transformer\.resblocks\.(\d+)\.attn\.out_proj\.', r'blocks.\1.attn.proj.'),
+    (r'^transformer\.resblocks\.(\d+)\.mlp\.c_fc\.', r'blocks.\1.mlp.fc1.'),
+    (r'^transformer\.resblocks\.(\d+)\.mlp\.c_proj\.', r'blocks.\1.mlp.fc2.'),
+)
+
+
+@CHECKPOINT_LAYOUTS.register_module('openai_clip')
+def convert_openai_clip(state_dict: Mapping[str, torch.Tensor],
+                        keep_projection: bool = False) -> ConversionResult:
+    """OpenAI CLIP ViT layout (whole model or ``model.visual``) -> canonical.
+
+    The image tower's ``visual.`` keys are kept (the text tower is dropped and reported);
+    ``conv1`` -> ``patch_embed.proj``, ``class_embedding`` -> ``cls_token``,
+    ``positional_embedding`` -> ``pos_embed``, ``ln_pre`` -> ``pre_norm``,
+    ``transformer.resblocks.i.{ln_1, attn.in_proj_*, attn.out_proj, ln_2, mlp.c_fc,
+    mlp.c_proj}`` -> ``blocks.i.{norm1, attn.qkv, attn.proj, norm2, mlp.fc1, mlp.fc2}``,
+    ``ln_post`` -> ``norm``.  The backbone outputs pre-projection features, so ``proj`` is
+    dropped, or set aside in ``report.extras['proj']`` (C, D) with ``keep_projection``.
+
+    Args:
+        state_dict: Flat OpenAI CLIP state dict.
+        keep_projection: Return ``proj`` in ``report.extras`` instead of dropping it.
+
+    Returns:
+        Canonical state dict and report.
+    """
+    report = ConversionReport(source_layout='openai_clip')
+    sd = dict(state_dict)
+    prefix = ''
+    if any(k.startswith('visual.') for k in sd):
+        prefix = 'visual.'
+        visual = {}
+        for k, v in sd.items():
+            if k.startswith('visual.'):
+                visual[k[len('visual.'):]] = v
+            else:
+                report.drop(k, 'CLIP text tower / logit scale (not the image encoder)')
+        sd = visual
+    if any(k.startswith(('layer1.', 'attnpool.')) for k in sd):
+        raise ValueError('This is a ResNet CLIP checkpoint (layer1 / attnpool keys); only '
+                         'ViT CLIP checkpoints convert to the ViT backbone')
+    out: StateDict = {}
+    for key, value in sd.items():
+        if key == 'proj':
+            if keep_projection:
+                report.extras['proj'] = value
+                report.notes.append(f'proj {tuple(value.shape)} set aside in extras')
+            else:
+                report.drop(prefix + key, 'image projection into the joint embedding space '
+                            '(features are pre-projection; keep_projection=True keeps it)')
+            continue
+        if key == 'class_embedding':
+            _rename(out, report, prefix + key, 'cls_token', value.reshape(1, 1, -1))
+            continue
+        if key == 'positional_embedding':
+            _rename(out, report, prefix + key, 'pos_embed', value.reshape(1, *value.shape[-2:]))
+            continue
+        new = key
+        for pattern, repl in _CLIP_SWAPS:
+            new, count = re.subn(pattern, repl, new)
+            if count:
+                break
+        _rename(out, report, prefix + key, new, value)
+    return out, report
+
+
+_MMPRETRAIN_BLOCK_SWAPS = (
+    (r'^ln1\.', 'norm1.'),
+    (r'^ln2\.', 'norm2.'),
+    (r'^attn\.gamma1\.weight$', 'ls1.gamma'),
+    (r'^ffn\.gamma2\.weight$', 'ls2.gamma'),
+    (r'^ffn\.layers\.0\.0\.', 'mlp.fc1.'),
+    (r'^ffn\.layers\.1\.', 'mlp.fc2.'),
+    (r'^ffn\.w12\.', 'mlp.fc1.'),
+    (r'^ffn\.w3\.', 'mlp.fc2.'),
+)
+
+
+@CHECKPOINT_LAYOUTS.register_module('mmpretrain')
+def convert_mmpretrain(state_dict: Mapping[str, torch.Tensor]) -> ConversionResult:
+    """mmpretrain ``VisionTransformer`` layout -> canonical.
+
+    ``patch_embed.projection`` -> ``patch_embed.proj``; ``layers.i.{ln1, attn.qkv, attn.proj,
+    attn.gamma1.weight, ln2, ffn.layers.0.0, ffn.layers.1, ffn.gamma2.weight}`` (or SwiGLU
+    ``ffn.w12`` / ``ffn.w3``) -> ``blocks.i.{norm1, attn.qkv, attn.proj, ls1.gamma, norm2,
+    mlp.fc1, mlp.fc2, ls2.gamma}``; final ``ln1`` -> ``norm``; ``pre_norm`` kept; the
+    ``avg_featmap`` output norm ``ln2`` is dropped (reported).
+
+    Args:
+        state_dict: Flat mmpretrain backbone state dict (``backbone.`` already stripped).
+
+    Returns:
+        Canonical state dict and report.
+    """
+    report = ConversionReport(source_layout='mmpretrain')
+    out: StateDict = {}
+    for key, value in state_dict.items():
+        if key.startswith('ln2.'):
+            report.drop(key, "norm of mmpretrain's avg_featmap output (not part of the token "
+                        "features)")
+            continue
+        new = key
+        if key.startswith('patch_embed.projection.'):
+            new = 'patch_embed.proj.' + key[len('patch_embed.projection.'):]
+        elif key.startswith('ln1.'):
+            new = 'norm.' + key[len('ln1.'):]
+        else:
+            match = re.match(r'^layers\.(\d+)\.(.*)$', key)
+            if match:
+                rest = match.group(2)
+                for pattern, repl in _MMPRETRAIN_BLOCK_SWAPS:
+                    rest, count = re.subn(pattern, repl, rest)
+                    if count:
+                        break
+                new = f'blocks.{match.group(1)}.{rest}'
+        _rename(out, report, key, new, value)
+    return out, report
+
+
+def layout_names() -> List[str]:
+    """``'auto'`` followed by the registered layouts."""
+    return ['auto'] + CHECKPOINT_LAYOUTS.names

@@ -1,0 +1,4 @@
+"""Training hooks."""
+from .distill_loss_schedule_hook import DistillLossScheduleHook
+
+__all__ = ['DistillLossScheduleHook']

@@ -1,0 +1,284 @@
+"""What ``tools/train.py`` / ``tools/test.py`` do between parsing flags and ``runner.train()``.
+
+The same tools serve segmentation (``default_scope='mmseg'``) and classification
+(``default_scope='mmpretrain'``) configs: :data:`WORLDS` holds what differs between the two
+(visualisation hooks), keyed by the config's ``default_scope``.
+
+CPU support: without CUDA, :func:`adapt_to_device` turns ``SyncBN`` into ``BN`` (SyncBN has no
+CPU kernel), selects the ``gloo`` backend and wraps the model in
+``MMDistributedDataParallel`` without ``device_ids`` (mmengine's default passes the local GPU
+index), so ``tools/dist_train.sh`` runs on CPU machines too.
+"""
+import dataclasses
+import logging
+import os
+import os.path as osp
+from typing import Any, Callable, Dict, Optional
+
+import torch
+from mmengine.config import Config, ConfigDict
+from mmengine.logging import print_log
+from mmengine.runner import Runner
+
+from .preflight import check_inputs
+
+#: ``--launcher`` choices (mmengine's).
+LAUNCHERS = ('none', 'pytorch', 'slurm', 'mpi')
+
+
+@dataclasses.dataclass(frozen=True)
+class World:
+    """Library-specific behaviour of the tools.
+
+    Args:
+        scope: The ``default_scope`` that selects this world.
+        task: What the world's models do, for messages.
+        enable_visualization: ``fn(cfg, show_dir, show, wait_time, interval)`` switching on
+            the world's visualisation hook for ``tools/test.py --show-dir/--show``.
+        enable_output_dump: ``fn(cfg, out)`` routing ``tools/test.py --out`` to the world's
+            way of saving raw predictions.
+    """
+
+    scope: str
+    task: str
+    enable_visualization: Callable[[Config, Optional[str], bool, float, int], None]
+    enable_output_dump: Callable[[Config, str], None]
+
+
+def _seg_visualization(cfg: Config, show_dir: Optional[str], show: bool, wait_time: float,
+                       interval: int) -> None:
+    hooks = cfg.get('default_hooks', None) or {}
+    if 'visualization' not in hooks:
+        raise KeyError("--show/--show-dir need default_hooks.visualization "
+                       "(type='SegVisualizationHook') in the config")
+    hook = hooks['visualization']
+    hook['draw'] = True
+    hook['interval'] = interval
+    if show:
+        hook['show'] = True
+        hook['wait_time'] = wait_time
+    if show_dir:
+        cfg.visualizer['save_dir'] = show_dir
+
+
+def _cls_visualization(cfg: Config, show_dir: Optional[str], show: bool, wait_time: float,
+                       interval: int) -> None:
+    hooks = cfg.get('default_hooks', None) or {}
+    if 'visualization' not in hooks:
+        raise KeyError("--show/--show-dir need default_hooks.visualization "
+                       "(type='VisualizationHook') in the config")
+    hook = hooks['visualization']
+    hook['enable'] = True
+    hook['show'] = show
+    hook['wait_time'] = wait_time
+    hook['out_dir'] = show_dir
+    hook['interval'] = interval
+
+
+def _seg_output_dump(cfg: Config, out: str) -> None:
+    cfg.test_evaluator['output_dir'] = out
+    cfg.test_evaluator['keep_results'] = True
+
+
+def _cls_output_dump(cfg: Config, out: str) -> None:
+    evaluators = cfg.test_evaluator
+    evaluators = list(evaluators) if isinstance(evaluators, (list, tuple)) else [evaluators]
+    cfg.test_evaluator = evaluators + [dict(type='DumpResults', out_file_path=out)]
+
+
+#: Worlds the tools know, keyed by ``default_scope``.
+WORLDS: Dict[str, World] = {
+    'mmseg': World('mmseg', 'semantic segmentation', _seg_visualization, _seg_output_dump),
+    'mmpretrain': World('mmpretrain', 'image classification', _cls_visualization,
+                        _cls_output_dump),
+}
+
+
+def world_of(cfg: Config) -> World:
+    """The :class:`World` selected by ``cfg.default_scope``.
+
+    Args:
+        cfg: The loaded config.
+
+    Returns:
+        The world.
+    """
+    scope = cfg.get('default_scope', None)
+    if scope not in WORLDS:
+        raise KeyError(f'default_scope={scope!r} is not supported by mmlinvit tools; use one of '
+                       f'{sorted(WORLDS)} (inherit configs/_base_/default_runtime_seg.py for '
+                       f'segmentation or an mmpretrain runtime for classification)')
+    return WORLDS[scope]
+
+
+def _replace_sync_bn(node: Any) -> int:
+    """Turns every ``SyncBN`` norm config under ``node`` into ``BN``; returns the count."""
+    count = 0
+    if isinstance(node, dict):
+        if node.get('type') in ('SyncBN', 'MMSyncBN'):
+            node['type'] = 'BN'
+            count += 1
+        for value in node.values():
+            count += _replace_sync_bn(value)
+    elif isinstance(node, (list, tuple)):
+        for value in node:
+            count += _replace_sync_bn(value)
+    return count
+
+
+def adapt_to_device(cfg: Config, launcher: str = 'none') -> None:
+    """Makes a GPU config runnable on CPU-only machines (no-op when CUDA is available).
+
+    Args:
+        cfg: The config, changed in place.
+        launcher: The ``--launcher`` value.
+    """
+    if torch.cuda.is_available():
+        return
+    replaced = _replace_sync_bn(cfg.get('model', {}))
+    if replaced:
+        print_log(f'No CUDA device: replaced {replaced} SyncBN layer config(s) by BN',
+                  logger='current', level=logging.WARNING)
+    cfg.setdefault('env_cfg', ConfigDict())
+    cfg.env_cfg['cudnn_benchmark'] = False
+    if launcher != 'none':
+        cfg.env_cfg.setdefault('dist_cfg', ConfigDict())
+        cfg.env_cfg['dist_cfg']['backend'] = 'gloo'
+        if not cfg.get('model_wrapper_cfg', None):
+            cfg.model_wrapper_cfg = dict(
+                type='MMDistributedDataParallel',
+                broadcast_buffers=False,
+                find_unused_parameters=cfg.get('find_unused_parameters', False))
+
+
+def prepare_train_config(cfg: Config,
+                         config_path: str,
+                         work_dir: Optional[str] = None,
+                         resume: Optional[str] = None,
+                         amp: bool = False,
+                         launcher: str = 'none') -> Config:
+    """Applies ``tools/train.py``'s flags to a loaded config.
+
+    Args:
+        cfg: The config (``--cfg-options`` already merged).
+        config_path: The config file (its stem names the default work dir).
+        work_dir: ``--work-dir``.
+        resume: ``None`` (no resume), ``'auto'`` (latest checkpoint of the work dir) or a
+            checkpoint path.
+        amp: ``--amp`` (mixed precision through ``AmpOptimWrapper``).
+        launcher: ``--launcher``.
+
+    Returns:
+        The same config, updated.
+    """
+    world_of(cfg)
+    if launcher not in LAUNCHERS:
+        raise KeyError(f'Unknown launcher {launcher!r}; available: {LAUNCHERS}')
+    cfg.launcher = launcher
+    if work_dir is not None:
+        cfg.work_dir = work_dir
+    elif cfg.get('work_dir', None) is None:
+        cfg.work_dir = osp.join('./work_dirs', osp.splitext(osp.basename(config_path))[0])
+    if amp:
+        wrapper = cfg.optim_wrapper.get('type', 'OptimWrapper')
+        if wrapper == 'AmpOptimWrapper':
+            print_log('AMP is already enabled in the config', logger='current',
+                      level=logging.WARNING)
+        elif wrapper != 'OptimWrapper':
+            raise ValueError(f'--amp needs optim_wrapper.type="OptimWrapper", got {wrapper!r}')
+        else:
+            cfg.optim_wrapper.type = 'AmpOptimWrapper'
+            cfg.optim_wrapper.setdefault('loss_scale', 'dynamic')
+    if resume == 'auto':
+        cfg.resume = True
+        cfg.load_from = None
+    elif resume is not None:
+        cfg.resume = True
+        cfg.load_from = resume
+    adapt_to_device(cfg, launcher)
+    return cfg
+
+
+def prepare_test_config(cfg: Config,
+                        config_path: str,
+                        checkpoint: str,
+                        work_dir: Optional[str] = None,
+                        show_dir: Optional[str] = None,
+                        show: bool = False,
+                        wait_time: float = 2.0,
+                        interval: int = 1,
+                        out: Optional[str] = None,
+                        launcher: str = 'none') -> Config:
+    """Applies ``tools/test.py``'s flags to a loaded config.
+
+    Args:
+        cfg: The config (``--cfg-options`` already merged).
+        config_path: The config file (its stem names the default work dir).
+        checkpoint: Weights to evaluate.
+        work_dir: ``--work-dir``.
+        show_dir: ``--show-dir``: where painted predictions are written.
+        show: ``--show``: display predictions in a window.
+        wait_time: Seconds each shown image stays.
+        interval: Visualise every ``interval``-th sample.
+        out: ``--out``: where raw predictions are dumped.
+        launcher: ``--launcher``.
+
+    Returns:
+        The same config, updated.
+    """
+    world = world_of(cfg)
+    if launcher not in LAUNCHERS:
+        raise KeyError(f'Unknown launcher {launcher!r}; available: {LAUNCHERS}')
+    cfg.launcher = launcher
+    if work_dir is not None:
+        cfg.work_dir = work_dir
+    elif cfg.get('work_dir', None) is None:
+        cfg.work_dir = osp.join('./work_dirs', osp.splitext(osp.basename(config_path))[0])
+    cfg.load_from = checkpoint
+    cfg.resume = False
+    if show or show_dir:
+        world.enable_visualization(cfg, show_dir, show, wait_time, interval)
+    if out is not None:
+        world.enable_output_dump(cfg, out)
+    adapt_to_device(cfg, launcher)
+    return cfg
+
+
+def init_cpu_distributed(launcher: str) -> None:
+    """Initialises a ``gloo`` process group for ``--launcher pytorch`` on CPU-only machines.
+
+    mmengine's ``init_dist`` calls ``torch.cuda.set_device`` first, which fails without a GPU;
+    once a group exists, the runner skips its own initialisation.
+
+    Args:
+        launcher: The ``--launcher`` value.
+    """
+    if launcher != 'pytorch' or torch.cuda.is_available():
+        return
+    import torch.distributed as dist
+    if dist.is_initialized():
+        return
+    missing = [k for k in ('RANK', 'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT') if k not in os.environ]
+    if missing:
+        raise RuntimeError(f'--launcher pytorch needs {missing} in the environment; start it '
+                           f'with tools/dist_train.sh (torchrun)')
+    dist.init_process_group(backend='gloo')
+
+
+def build_runner(cfg: Config, mode: str = 'train', checkpoint: Optional[str] = None) -> Runner:
+    """Checks every input path, then builds the runner (``RUNNERS`` when ``runner_type`` is set).
+
+    Args:
+        cfg: The prepared config.
+        mode: ``'train'`` or ``'test'`` (which loaders / checkpoints are checked).
+        checkpoint: The weights ``tools/test.py`` evaluates.
+
+    Returns:
+        The runner.
+    """
+    check_inputs(cfg, mode=mode, checkpoint=checkpoint)
+    init_cpu_distributed(cfg.get('launcher', 'none'))
+    if 'runner_type' in cfg:
+        from mmengine.registry import RUNNERS
+        return RUNNERS.build(cfg)
+    return Runner.from_cfg(cfg)

@@ -1,0 +1,4 @@
+"""Optimizer-wrapper constructors."""
+from .layer_decay_constructor import LayerDecayOptimWrapperConstructor
+
+__all__ = ['LayerDecayOptimWrapperConstructor']

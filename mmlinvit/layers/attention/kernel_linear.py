@@ -1,0 +1,232 @@
+"""Kernel linear attention with feature maps: ``elu``, ``relu``, ``hedgehog``, ``identity``.
+
+For a feature map phi, every token attends to every token (prefix tokens included):
+
+    A_ij = phi(q_i).phi(k_j) / (sum_l phi(q_i).phi(k_l) + N * eps)
+    out_i = sum_j A_ij v_j = phi(q_i) S / (phi(q_i) z + eps),  S = phi(K)^T V / N, z = mean phi(K)
+
+computed in O(N) memory by :func:`mmlinvit.ops.linear_attention.linear_attention` (fp32
+accumulation whatever the input dtype).  For the positive maps (ELU + 1, ReLU, Hedgehog) the
+normaliser is >= 0 and the ``eps`` keeps it > 0, so there is never a division by zero: a query
+whose ReLU features are all zero gets an all-zero output row.
+
+The ``identity`` map is signed, so ``phi(q_i) z`` can be ~0 or negative.  Its operator uses the
+sign-preserving normaliser :func:`signed_safe_denominator` (``|den| >= eps`` always), which is
+finite but can still make rows huge where ``q_i . mean(k)`` ~ 0; InLine's subtractive
+normalisation (:mod:`.inline`) is the stable way to use the identity map.
+"""
+from typing import Optional, Tuple
+
+import torch
+import torch.nn as nn
+
+from mmlinvit.ops.feature_maps import get_feature_map
+from mmlinvit.ops.linear_attention import linear_attention, linear_attention_map_naive
+from .base import ATTENTION_OPERATORS, AttentionOperator
+
+
+def signed_safe_denominator(den: torch.Tensor, eps: float) -> torch.Tensor:
+    """``den + eps * sign(den)`` with ``sign(0) = +1``: equals ``den + eps`` for ``den >= 0``
+    and never has magnitude below ``eps``, whatever the sign of ``den``.
+
+    Args:
+        den: Normaliser values.
+        eps: Minimum magnitude.
+    """
+    return torch.where(den >= 0, den + eps, den - eps)
+
+
+class KernelLinearAttention(AttentionOperator):
+    """Non-causal kernel linear attention with a fixed positive feature map.
+
+    Keeps the softmax ``qkv`` / ``proj`` parameters (checkpoints load unchanged) and has no
+    other parameters.
+
+    Args:
+        embed_dims: Token width C.
+        num_heads: Number of heads.
+        feature_map: ``'elu'`` (ELU + 1) or ``'relu'``.
+        eps: Normaliser epsilon (on the 1/N-scaled normaliser, see the module docstring).
+        **kwargs: ``qkv_bias``, ``proj_bias``, ``attn_drop``, ``proj_drop`` of
+            :class:`AttentionOperator`.
+    """
+
+    def __init__(self,
+                 embed_dims: int,
+                 num_heads: int,
+                 feature_map: str = 'elu',
+                 eps: float = 1e-6,
+                 **kwargs) -> None:
+        super().__init__(embed_dims, num_heads, **kwargs)
+        if feature_map not in ('elu', 'relu'):
+            raise ValueError(f"KernelLinearAttention needs a positive feature map, 'elu' or "
+                             f"'relu', got {feature_map!r}; use the 'identity' or 'hedgehog' "
+                             f"operators for the other maps")
+        self.feature_map = feature_map
+        self.eps = eps
+
+    def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+            hw_shape: Optional[Tuple[int, int]], num_prefix_tokens: int) -> torch.Tensor:
+        return linear_attention(q, k, v, feature_map=self.feature_map, eps=self.eps)
+
+    def attention_map(self,
+                      x: torch.Tensor,
+                      hw_shape: Optional[Tuple[int, int]] = None,
+                      num_prefix_tokens: int = 0) -> torch.Tensor:
+        q, k, _ = self.split_qkv(x)
+        phi = get_feature_map(self.feature_map)
+        return linear_attention_map_naive(phi(q.float()), phi(k.float()), self.eps)
+
+    def extra_repr(self) -> str:
+        return f'{super().extra_repr()}, feature_map={self.feature_map}, eps={self.eps}'
+
+
+@ATTENTION_OPERATORS.register_module('elu')
+class ELULinearAttention(KernelLinearAttention):
+    """Kernel linear attention with phi(x) = ELU(x) + 1 (ViT-AdaLA's default student).
+
+    Args:
+        embed_dims: Token width C.
+        num_heads: Number of heads.
+        eps: Normaliser epsilon.
+        **kwargs: Base :class:`AttentionOperator` options.
+    """
+
+    def __init__(self, embed_dims: int, num_heads: int, eps: float = 1e-6, **kwargs) -> None:
+        super().__init__(embed_dims, num_heads, feature_map='elu', eps=eps, **kwargs)
+
+
+@ATTENTION_OPERATORS.register_module('relu')
+class ReLULinearAttention(KernelLinearAttention):
+    """Kernel linear attention with phi(x) = ReLU(x); ``eps`` keeps all-zero rows finite.
+
+    Args:
+        embed_dims: Token width C.
+        num_heads: Number of heads.
+        eps: Normaliser epsilon.
+        **kwargs: Base :class:`AttentionOperator` options.
+    """
+
+    def __init__(self, embed_dims: int, num_heads: int, eps: float = 1e-6, **kwargs) -> None:
+        super().__init__(embed_dims, num_heads, feature_map='relu', eps=eps, **kwargs)
+
+
+@ATTENTION_OPERATORS.register_module('hedgehog')
+class HedgehogLinearAttention(AttentionOperator):
+    """Linear attention with Hedgehog's learnable feature map (Zhang et al., 2024).
+
+    Per head, phi(x) = [softmax(x W), softmax(-x W)] with the softmax over the ``feature_dims``
+    features, W: head_dims -> feature_dims, so phi(x) has 2 * feature_dims positive entries
+    that sum to 2 (the normaliser is always > 0).  As in Hedgehog / LoLCATS, queries and keys
+    have separate maps (``feature_q``, ``feature_k``, each (H, head_dims, feature_dims)) unless
+    ``share_feature_map=True`` (then only ``feature_q`` exists).
+
+    Default init (:meth:`init_extra_parameters`): identity-like, ``W[h] = eye(head_dims,
+    feature_dims)`` (rectangular identity, no bias), so at init phi(x) = [softmax(x'),
+    softmax(-x')] where x' is x zero-padded / truncated to ``feature_dims`` entries; attention
+    distillation then trains W from a deterministic, rank-preserving start.
+
+    Args:
+        embed_dims: Token width C.
+        num_heads: Number of heads.
+        feature_dims: Features per softmax half (phi has twice as many).
+        share_feature_map: Use one map for queries and keys.
+        eps: Normaliser epsilon.
+        **kwargs: Base :class:`AttentionOperator` options.
+    """
+
+    def __init__(self,
+                 embed_dims: int,
+                 num_heads: int,
+                 feature_dims: int = 64,
+                 share_feature_map: bool = False,
+                 eps: float = 1e-6,
+                 **kwargs) -> None:
+        super().__init__(embed_dims, num_heads, **kwargs)
+        if feature_dims < 1:
+            raise ValueError(f'feature_dims must be >= 1, got {feature_dims}')
+        self.feature_dims = feature_dims
+        self.share_feature_map = share_feature_map
+        self.eps = eps
+        self.feature_q = nn.Parameter(torch.empty(num_heads, self.head_dims, feature_dims))
+        self.feature_k = (None if share_feature_map else nn.Parameter(
+            torch.empty(num_heads, self.head_dims, feature_dims)))
+        self.init_extra_parameters()
+
+    def init_extra_parameters(self) -> None:
+        """Identity-like init of the feature-map projections (see the class docstring)."""
+        eye = torch.eye(self.head_dims, self.feature_dims)
+        with torch.no_grad():
+            for p in (self.feature_q, self.feature_k):
+                if p is not None:
+                    p.copy_(eye.expand_as(p))
+
+    def _phi(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """(B, H, N, d) -> (B, H, N, 2F) in fp32."""
+        logits = torch.matmul(x.float(), weight.float())  # (H, d, F) broadcasts over B
+        return torch.cat([logits.softmax(-1), (-logits).softmax(-1)], dim=-1)
+
+    def feature_maps(self, q: torch.Tensor,
+                     k: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """phi(q), phi(k) of per-head queries and keys, fp32 (B, H, N, 2 * feature_dims)."""
+        weight_k = self.feature_q if self.feature_k is None else self.feature_k
+        return self._phi(q, self.feature_q), self._phi(k, weight_k)
+
+    def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+            hw_shape: Optional[Tuple[int, int]], num_prefix_tokens: int) -> torch.Tensor:
+        phi_q, phi_k = self.feature_maps(q, k)
+        return linear_attention(phi_q, phi_k, v, feature_map='identity', eps=self.eps)
+
+    def attention_map(self,
+                      x: torch.Tensor,
+                      hw_shape: Optional[Tuple[int, int]] = None,
+                      num_prefix_tokens: int = 0) -> torch.Tensor:
+        q, k, _ = self.split_qkv(x)
+        phi_q, phi_k = self.feature_maps(q, k)
+        return linear_attention_map_naive(phi_q, phi_k, self.eps)
+
+    def extra_repr(self) -> str:
+        return (f'{super().extra_repr()}, feature_dims={self.feature_dims}, '
+                f'share_feature_map={self.share_feature_map}')
+
+
+@ATTENTION_OPERATORS.register_module('identity')
+class IdentityLinearAttention(AttentionOperator):
+    """Linear attention with the identity feature map and a sign-safe normaliser.
+
+    out_i = q_i S / safe(q_i . kbar), S = K^T V / N, kbar = mean(K), where ``safe`` is
+    :func:`signed_safe_denominator` (never divides by zero).  The map is signed and its rows
+    sum to ``den / safe(den)`` ~ 1, but they are unbounded when ``q_i . kbar`` ~ 0: use it only
+    where an operator needs the raw identity map (analysis, ablations); InLine is the
+    well-conditioned identity-map operator.
+
+    Args:
+        embed_dims: Token width C.
+        num_heads: Number of heads.
+        eps: Minimum magnitude of the normaliser.
+        **kwargs: Base :class:`AttentionOperator` options.
+    """
+
+    def __init__(self, embed_dims: int, num_heads: int, eps: float = 1e-6, **kwargs) -> None:
+        super().__init__(embed_dims, num_heads, **kwargs)
+        self.eps = eps
+
+    def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+            hw_shape: Optional[Tuple[int, int]], num_prefix_tokens: int) -> torch.Tensor:
+        q32, k32, v32 = q.float(), k.float(), v.float()
+        kv = torch.matmul(k32.transpose(-2, -1), v32).div_(k32.shape[-2])  # (B, H, d, e)
+        den = torch.matmul(q32, k32.mean(dim=-2).unsqueeze(-1))  # (B, H, N, 1)
+        return (torch.matmul(q32, kv) / signed_safe_denominator(den, self.eps)).to(v.dtype)
+
+    def attention_map(self,
+                      x: torch.Tensor,
+                      hw_shape: Optional[Tuple[int, int]] = None,
+                      num_prefix_tokens: int = 0) -> torch.Tensor:
+        q, k, _ = self.split_qkv(x)
+        scores = q.float() @ k.float().transpose(-2, -1)
+        n = scores.shape[-1]
+        den = scores.sum(-1, keepdim=True) / n
+        return scores / (n * signed_safe_denominator(den, self.eps))
+
+    def extra_repr(self) -> str:
+        return f'{super().extra_repr()}, eps={self.eps}'

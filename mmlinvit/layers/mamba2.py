@@ -1,0 +1,168 @@
+"""Mamba-2 token mixer (the SSD layer of Adventurer) in plain PyTorch.
+
+Data flow for tokens u (B, L, d_model), with d_inner = expand * d_model, H = d_inner //
+headdim heads, G = ngroups B/C groups and N = d_state::
+
+    [z, xBC, dt] = in_proj(u)                  z: d_inner, xBC: d_inner + 2 G N, dt: H
+    xBC = silu(causal depthwise conv1d(xBC))   kernel d_conv, left-padded
+    [x, B, C] = xBC                            x: (H, headdim), B, C: (G, N)
+    dt = clamp(softplus(dt + dt_bias), dt_limit)
+    A = -exp(A_log)                            (H,)
+    y = ssd_scan(x, dt, A, B, C, D)            h_t = exp(A dt_t) h_{t-1} + dt_t x_t B_t^T
+    out = out_proj(GatedRMSNorm(y, z))         rmsnorm(y * silu(z)) * weight
+
+Parameter names follow the reference implementation (``in_proj``, ``conv1d``, ``dt_bias``,
+``A_log``, ``D``, ``norm.weight``, ``out_proj``; in_proj rows ordered z, x, B, C, dt), so
+Mamba-2 / Adventurer checkpoints load unchanged.
+"""
+import math
+from typing import Optional, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from mmlinvit.ops.ssd import ssd_scan
+from .norm import GatedRMSNorm
+
+
+class Mamba2Mixer(nn.Module):
+    """Mamba-2 mixer: (B, L, d_model) -> (B, L, d_model), causal along L.
+
+    Initialisation (the documented Mamba-2 defaults, see :meth:`reset_ssm_parameters`):
+    ``dt_bias = softplus^-1(dt)`` with dt log-uniform in [dt_min, dt_max] and floored at
+    ``dt_init_floor``; ``A_log = log(U[A_init_range])``; ``D = 1``; linear and conv layers keep
+    the PyTorch defaults (backbones may rescale ``out_proj``).
+
+    Args:
+        d_model: Token width.
+        d_state: State size N per group.
+        d_conv: Kernel size of the causal depthwise convolution.
+        expand: d_inner = expand * d_model.
+        headdim: Channels per head P; d_inner must be divisible by it.
+        ngroups: Number of B/C groups G; the head count must be divisible by it.
+        chunk_size: Chunk length of the SSD scan.
+        A_init_range: Range of the uniform init of -A.
+        dt_min: Smallest initial step size.
+        dt_max: Largest initial step size.
+        dt_init_floor: Floor of the initial step sizes.
+        dt_limit: (min, max) clamp of dt after the softplus; (0, inf) disables it.
+        bias: Whether in_proj / out_proj have biases.
+        conv_bias: Whether the depthwise convolution has a bias.
+        norm_eps: Epsilon of the gated RMSNorm.
+        norm_before_gate: Gate after (True) or before (False, Mamba-2 default) the norm.
+        ssd_backend: Backend of :func:`mmlinvit.ops.ssd.ssd_scan` (``None`` = torch).
+        chunks_per_step: Chunks vectorised together by the torch scan (``None`` = all).
+    """
+
+    def __init__(self,
+                 d_model: int,
+                 d_state: int = 64,
+                 d_conv: int = 4,
+                 expand: int = 2,
+                 headdim: int = 64,
+                 ngroups: int = 1,
+                 chunk_size: int = 256,
+                 A_init_range: Tuple[float, float] = (1.0, 16.0),
+                 dt_min: float = 0.001,
+                 dt_max: float = 0.1,
+                 dt_init_floor: float = 1e-4,
+                 dt_limit: Tuple[float, float] = (0.0, float('inf')),
+                 bias: bool = False,
+                 conv_bias: bool = True,
+                 norm_eps: float = 1e-5,
+                 norm_before_gate: bool = False,
+                 ssd_backend: Optional[str] = None,
+                 chunks_per_step: Optional[int] = None) -> None:
+        super().__init__()
+        d_inner = expand * d_model
+        if d_inner % headdim != 0:
+            raise ValueError(f'Mamba2Mixer: d_inner = expand * d_model = {d_inner} must be '
+                             f'divisible by headdim ({headdim})')
+        nheads = d_inner // headdim
+        if ngroups < 1 or nheads % ngroups != 0:
+            raise ValueError(f'Mamba2Mixer: the number of heads ({nheads}) must be divisible '
+                             f'by ngroups ({ngroups})')
+        if not 0 < A_init_range[0] <= A_init_range[1]:
+            raise ValueError(f'A_init_range must satisfy 0 < low <= high, got {A_init_range}')
+        if not 0 < dt_min <= dt_max:
+            raise ValueError(f'dt_min / dt_max must satisfy 0 < dt_min <= dt_max, got '
+                             f'{dt_min} / {dt_max}')
+        self.d_model = d_model
+        self.d_state = d_state
+        self.d_conv = d_conv
+        self.expand = expand
+        self.headdim = headdim
+        self.ngroups = ngroups
+        self.d_inner = d_inner
+        self.nheads = nheads
+        self.chunk_size = chunk_size
+        self.A_init_range = tuple(A_init_range)
+        self.dt_min, self.dt_max, self.dt_init_floor = dt_min, dt_max, dt_init_floor
+        self.dt_limit = tuple(dt_limit)
+        self.ssd_backend = ssd_backend
+        self.chunks_per_step = chunks_per_step
+
+        conv_dim = d_inner + 2 * ngroups * d_state
+        self.in_proj = nn.Linear(d_model, d_inner + conv_dim + nheads, bias=bias)
+        self.conv1d = nn.Conv1d(conv_dim, conv_dim, kernel_size=d_conv, groups=conv_dim,
+                                padding=d_conv - 1, bias=conv_bias)
+        self.dt_bias = nn.Parameter(torch.empty(nheads))
+        self.A_log = nn.Parameter(torch.empty(nheads))
+        self.D = nn.Parameter(torch.empty(nheads))
+        self.norm = GatedRMSNorm(d_inner, eps=norm_eps, group_size=d_inner // ngroups,
+                                 norm_before_gate=norm_before_gate)
+        self.out_proj = nn.Linear(d_inner, d_model, bias=bias)
+        self.reset_ssm_parameters()
+
+    @torch.no_grad()
+    def reset_ssm_parameters(self) -> None:
+        """Mamba-2 init of ``dt_bias``, ``A_log`` and ``D`` (see the class docstring)."""
+        device = self.dt_bias.device
+        log_min, log_max = math.log(self.dt_min), math.log(self.dt_max)
+        dt = torch.exp(torch.rand(self.nheads, device=device) * (log_max - log_min) + log_min)
+        dt = dt.clamp(min=self.dt_init_floor)
+        # softplus^-1(dt) = dt + log(1 - exp(-dt))
+        self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))
+        a = torch.empty(self.nheads, device=device).uniform_(*self.A_init_range)
+        self.A_log.copy_(torch.log(a))
+        self.D.fill_(1.0)
+
+    def step_sizes(self, dt_raw: torch.Tensor) -> torch.Tensor:
+        """dt = clamp(softplus(dt_raw + dt_bias), dt_limit), in fp32 (at least)."""
+        acc = torch.promote_types(dt_raw.dtype, torch.float32)
+        dt = F.softplus(dt_raw.to(acc) + self.dt_bias.to(acc))
+        low, high = self.dt_limit
+        if low > 0.0 or high != float('inf'):
+            dt = dt.clamp(min=low, max=high)
+        return dt
+
+    def forward(self, u: torch.Tensor) -> torch.Tensor:
+        """Mixes tokens u (B, L, d_model) causally along L; returns (B, L, d_model)."""
+        if u.ndim != 3 or u.shape[-1] != self.d_model:
+            raise ValueError(f'Mamba2Mixer expects (batch, L, {self.d_model}), got '
+                             f'{tuple(u.shape)}')
+        batch, length, _ = u.shape
+        gn = self.ngroups * self.d_state
+        z, xbc, dt_raw = torch.split(self.in_proj(u), [self.d_inner, self.d_inner + 2 * gn,
+                                                       self.nheads], dim=-1)
+        xbc = self.conv1d(xbc.transpose(1, 2))[..., :length]  # causal: drop the right pad
+        xbc = F.silu(xbc).transpose(1, 2)
+        x, b, c = torch.split(xbc, [self.d_inner, gn, gn], dim=-1)
+        y = ssd_scan(
+            x.reshape(batch, length, self.nheads, self.headdim),
+            self.step_sizes(dt_raw),
+            -torch.exp(self.A_log.float()),
+            b.reshape(batch, length, self.ngroups, self.d_state),
+            c.reshape(batch, length, self.ngroups, self.d_state),
+            self.D,
+            chunk_size=self.chunk_size,
+            backend=self.ssd_backend,
+            chunks_per_step=self.chunks_per_step)
+        y = self.norm(y.reshape(batch, length, self.d_inner), z)
+        return self.out_proj(y)
+
+    def extra_repr(self) -> str:
+        return (f'd_model={self.d_model}, d_state={self.d_state}, heads={self.nheads}x'
+                f'{self.headdim}, ngroups={self.ngroups}, d_conv={self.d_conv}, '
+                f'chunk_size={self.chunk_size}')

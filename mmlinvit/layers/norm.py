@@ -1,0 +1,85 @@
+"""RMS normalisation layers: plain ``RMSNorm`` and the gated, grouped variant of Mamba-2."""
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def _rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / sqrt(mean(x^2) + eps) over the last dim, computed in fp32 (at least)."""
+    x32 = x.to(torch.promote_types(x.dtype, torch.float32))
+    return x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + eps)
+
+
+class RMSNorm(nn.Module):
+    """y = x / sqrt(mean(x^2) + eps) * weight (no mean subtraction, no bias).
+
+    Statistics are computed in fp32; the output has the dtype of the input.
+
+    Args:
+        dims: Normalised (last) dimension.
+        eps: Added to the mean square.
+    """
+
+    def __init__(self, dims: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.dims = dims
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dims))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (_rms_normalize(x, self.eps) * self.weight).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f'{self.dims}, eps={self.eps}'
+
+
+class GatedRMSNorm(nn.Module):
+    """RMSNorm with a SiLU gate, normalised in groups of channels (Mamba-2 output norm).
+
+    With ``norm_before_gate=False`` (the Mamba-2 default) it computes
+    ``rmsnorm(x * silu(z)) * weight``; with ``True``, ``rmsnorm(x) * weight * silu(z)``.
+    Each contiguous group of ``group_size`` channels is normalised separately (Mamba-2 uses
+    ``d_inner // ngroups``, one group per B/C group).
+
+    Args:
+        dims: Normalised (last) dimension.
+        eps: Added to the mean square.
+        group_size: Channels per normalisation group; ``None`` means ``dims`` (one group).
+        norm_before_gate: Whether the gate multiplies after the normalisation.
+    """
+
+    def __init__(self,
+                 dims: int,
+                 eps: float = 1e-5,
+                 group_size: Optional[int] = None,
+                 norm_before_gate: bool = False) -> None:
+        super().__init__()
+        group_size = dims if group_size is None else group_size
+        if group_size < 1 or dims % group_size != 0:
+            raise ValueError(f'GatedRMSNorm: dims ({dims}) must be a multiple of group_size '
+                             f'({group_size})')
+        self.dims = dims
+        self.eps = eps
+        self.group_size = group_size
+        self.norm_before_gate = norm_before_gate
+        self.weight = nn.Parameter(torch.ones(dims))
+
+    def forward(self, x: torch.Tensor, z: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Normalises ``x`` (..., dims), gated by ``z`` (same shape) when given."""
+        dtype = x.dtype
+        acc = torch.promote_types(dtype, torch.float32)
+        x = x.to(acc)
+        if z is not None and not self.norm_before_gate:
+            x = x * F.silu(z.to(acc))
+        shape = x.shape
+        y = _rms_normalize(x.reshape(*shape[:-1], -1, self.group_size), self.eps).reshape(shape)
+        y = y * self.weight
+        if z is not None and self.norm_before_gate:
+            y = y * F.silu(z.to(acc))
+        return y.to(dtype)
+
+    def extra_repr(self) -> str:
+        return (f'{self.dims}, eps={self.eps}, group_size={self.group_size}, '
+                f'norm_before_gate={self.norm_before_gate}')

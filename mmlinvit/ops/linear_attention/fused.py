@@ -1,0 +1,508 @@
+"""Triton kernels for non-causal kernel linear attention (forward and backward).
+
+Semantics are exactly those of :func:`.naive.linear_attention_naive` /
+:func:`.torch_impl.linear_attention_torch` (feature map fused in-kernel) and of
+:func:`.torch_impl.inline_attention_torch` (InLine mode)::
+
+    kernel LA : out_i = phi(q_i) S / (phi(q_i) z + eps),  S = phi(K)^T V / M,  z = mean phi(k)
+    InLine    : out_i = s q_i S + (1 - s q_i.kbar) vbar,   S = K^T V / M, kbar, vbar means
+
+Design (one program per (batch*head, token chunk); everything accumulated in fp32 registers):
+
+* forward: ``_state_kernel`` reduces a chunk of keys into partial (d x e) states, already scaled
+  by 1/M so that long sequences cannot overflow; the partials are summed in torch (tiny);
+  ``_output_kernel`` applies the state to query tiles.
+* backward: ``_bwd_q_kernel`` writes dq and per-chunk partial dS / dz / dvbar (summed in
+  torch, so no atomics and no N x N buffer); ``_bwd_kv_kernel`` writes dk and dv.
+* feature maps ``elu`` (ELU+1), ``relu`` and ``identity`` are applied after loading and the
+  padded rows/columns are re-masked AFTER the map (elu(0) + 1 == 1).
+* loads are up-cast to fp32 before every ``tl.dot`` (the interpreter's bf16 dot is wrong, and
+  fp16 products of unscaled gradients could overflow); on GPU 16-bit inputs use TF32 tensor
+  cores, fp32 inputs use IEEE fp32 unless ``torch.backends.cuda.matmul.allow_tf32`` is set.
+* head dims d, e <= 128, any value (power-of-two padding with masks); fp32/fp16/bf16 inputs,
+  arbitrary strides (no copies of permuted q/k/v views).  Sizes are not specialised on
+  (``do_not_specialize``) so ragged token counts do not trigger recompilation; strides are.
+
+This module imports triton at import time: import it only through
+:mod:`.dispatch`, which checks that triton is installed first.  Whether the kernels run in
+the Triton CPU interpreter is decided by ``TRITON_INTERPRET`` when this module is imported.
+"""
+import contextlib
+import math
+from typing import ContextManager, Optional, Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+#: True when the kernels below were decorated under TRITON_INTERPRET=1 (CPU tensors).
+INTERPRETED: bool = bool(triton.knobs.runtime.interpret)
+
+#: Largest supported head dim (d of q/k and e of v).
+MAX_HEAD_DIM = 128
+
+FEATURE_CODES = {'identity': 0, 'elu': 1, 'relu': 2}
+_SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@triton.jit
+def _feature(x, FEATURE: tl.constexpr):
+    """phi(x) in fp32: 0 identity, 1 ELU+1, 2 ReLU."""
+    if FEATURE == 1:
+        return tl.where(x > 0, x + 1.0, tl.exp(tl.minimum(x, 0.0)))
+    elif FEATURE == 2:
+        return tl.maximum(x, 0.0)
+    else:
+        return x
+
+
+@triton.jit
+def _feature_grad(x, FEATURE: tl.constexpr):
+    """phi'(x) in fp32."""
+    if FEATURE == 1:
+        return tl.where(x > 0, 1.0, tl.exp(tl.minimum(x, 0.0)))
+    elif FEATURE == 2:
+        return tl.where(x > 0, 1.0, 0.0)
+    else:
+        return tl.full(x.shape, 1.0, tl.float32)
+
+
+@triton.jit(do_not_specialize=['num_heads', 'M', 'D', 'E', 'tiles_per_chunk'])
+def _state_kernel(K, V, S_PART, Z_PART, VBAR_PART,
+                  stride_kb, stride_kh, stride_km, stride_kd,
+                  stride_vb, stride_vh, stride_vm, stride_ve,
+                  num_heads, M, D, E, inv_m, tiles_per_chunk,
+                  FEATURE: tl.constexpr, WITH_VBAR: tl.constexpr, PRECISION: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr):
+    """Partial S = phi(K)^T V / M, z = sum phi(k) / M (and vbar) of one key chunk."""
+    pid_bh = tl.program_id(0)
+    pid_chunk = tl.program_id(1)
+    n_chunks = tl.num_programs(1)
+    b = (pid_bh // num_heads).to(tl.int64)
+    h = (pid_bh % num_heads).to(tl.int64)
+    k_base = K + b * stride_kb + h * stride_kh
+    v_base = V + b * stride_vb + h * stride_vh
+
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_e = tl.arange(0, BLOCK_E)
+    mask_d = offs_d < D
+    mask_e = offs_e < E
+    acc_s = tl.zeros((BLOCK_D, BLOCK_E), dtype=tl.float32)
+    acc_z = tl.zeros((BLOCK_D, ), dtype=tl.float32)
+    acc_v = tl.zeros((BLOCK_E, ), dtype=tl.float32)
+    start = pid_chunk * tiles_per_chunk * BLOCK_M
+    for t in range(0, tiles_per_chunk):
+        offs_m = start + t * BLOCK_M + tl.arange(0, BLOCK_M)
+        mask_m = offs_m < M
+        mask_k = mask_m[:, None] & mask_d[None, :]
+        mask_v = mask_m[:, None] & mask_e[None, :]
+        k = tl.load(k_base + offs_m[:, None].to(tl.int64) * stride_km + offs_d[None, :] * stride_kd,
+                    mask=mask_k, other=0.0).to(tl.float32)
+        v = tl.load(v_base + offs_m[:, None].to(tl.int64) * stride_vm + offs_e[None, :] * stride_ve,
+                    mask=mask_v, other=0.0).to(tl.float32)
+        phi_k = tl.where(mask_k, _feature(k, FEATURE), 0.0)
+        acc_s = tl.dot(tl.trans(phi_k), v, acc_s, input_precision=PRECISION)
+        acc_z += tl.sum(phi_k, axis=0)
+        if WITH_VBAR:
+            acc_v += tl.sum(v, axis=0)
+
+    part = pid_bh.to(tl.int64) * n_chunks + pid_chunk
+    tl.store(S_PART + part * BLOCK_D * BLOCK_E + offs_d[:, None] * BLOCK_E + offs_e[None, :],
+             acc_s * inv_m)
+    tl.store(Z_PART + part * BLOCK_D + offs_d, acc_z * inv_m)
+    if WITH_VBAR:
+        tl.store(VBAR_PART + part * BLOCK_E + offs_e, acc_v * inv_m)
+
+
+@triton.jit(do_not_specialize=['num_heads', 'N', 'D', 'E'])
+def _output_kernel(Q, S, Z, VBAR, O,
+                   stride_qb, stride_qh, stride_qn, stride_qd,
+                   stride_ob, stride_oh, stride_on, stride_oe,
+                   num_heads, N, D, E, eps, scale,
+                   FEATURE: tl.constexpr, INLINE: tl.constexpr, PRECISION: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr):
+    """out = phi(Q) S / (phi(Q) z + eps), or InLine s Q S + (1 - s Q kbar) vbar, per query tile."""
+    pid_bh = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    b = (pid_bh // num_heads).to(tl.int64)
+    h = (pid_bh % num_heads).to(tl.int64)
+    bh = pid_bh.to(tl.int64)
+
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_e = tl.arange(0, BLOCK_E)
+    mask_n = offs_n < N
+    mask_q = mask_n[:, None] & (offs_d < D)[None, :]
+    mask_o = mask_n[:, None] & (offs_e < E)[None, :]
+
+    state = tl.load(S + bh * BLOCK_D * BLOCK_E + offs_d[:, None] * BLOCK_E + offs_e[None, :])
+    z = tl.load(Z + bh * BLOCK_D + offs_d)
+    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_n[:, None].to(tl.int64) * stride_qn +
+                offs_d[None, :] * stride_qd, mask=mask_q, other=0.0).to(tl.float32)
+    phi_q = tl.where(mask_q, _feature(q, FEATURE), 0.0)
+    num = tl.dot(phi_q, state, input_precision=PRECISION)
+    qz = tl.sum(phi_q * z[None, :], axis=1)
+    if INLINE:
+        vbar = tl.load(VBAR + bh * BLOCK_E + offs_e)
+        out = scale * num + (1.0 - scale * qz)[:, None] * vbar[None, :]
+    else:
+        out = num / (qz + eps)[:, None]
+    tl.store(O + b * stride_ob + h * stride_oh + offs_n[:, None].to(tl.int64) * stride_on +
+             offs_e[None, :] * stride_oe, out.to(O.dtype.element_ty), mask=mask_o)
+
+
+@triton.jit(do_not_specialize=['num_heads', 'N', 'D', 'E', 'tiles_per_chunk'])
+def _bwd_q_kernel(Q, DO, S, Z, VBAR, DQ, DS_PART, DZ_PART, DVBAR_PART,
+                  stride_qb, stride_qh, stride_qn, stride_qd,
+                  stride_gb, stride_gh, stride_gn, stride_ge,
+                  stride_dqb, stride_dqh, stride_dqn, stride_dqd,
+                  num_heads, N, D, E, eps, scale, tiles_per_chunk,
+                  FEATURE: tl.constexpr, INLINE: tl.constexpr, PRECISION: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr):
+    """dq of a query chunk plus its partial dS (d x e), dz (d) and, for InLine, dvbar (e)."""
+    pid_bh = tl.program_id(0)
+    pid_chunk = tl.program_id(1)
+    n_chunks = tl.num_programs(1)
+    b = (pid_bh // num_heads).to(tl.int64)
+    h = (pid_bh % num_heads).to(tl.int64)
+    bh = pid_bh.to(tl.int64)
+    q_base = Q + b * stride_qb + h * stride_qh
+    g_base = DO + b * stride_gb + h * stride_gh
+    dq_base = DQ + b * stride_dqb + h * stride_dqh
+
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_e = tl.arange(0, BLOCK_E)
+    mask_d = offs_d < D
+    mask_e = offs_e < E
+    state = tl.load(S + bh * BLOCK_D * BLOCK_E + offs_d[:, None] * BLOCK_E + offs_e[None, :])
+    state_t = tl.trans(state)
+    z = tl.load(Z + bh * BLOCK_D + offs_d)
+    if INLINE:
+        vbar = tl.load(VBAR + bh * BLOCK_E + offs_e)
+    acc_s = tl.zeros((BLOCK_D, BLOCK_E), dtype=tl.float32)
+    acc_z = tl.zeros((BLOCK_D, ), dtype=tl.float32)
+    acc_v = tl.zeros((BLOCK_E, ), dtype=tl.float32)
+    start = pid_chunk * tiles_per_chunk * BLOCK_N
+    for t in range(0, tiles_per_chunk):
+        offs_n = start + t * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < N
+        mask_q = mask_n[:, None] & mask_d[None, :]
+        mask_g = mask_n[:, None] & mask_e[None, :]
+        rows = offs_n[:, None].to(tl.int64)
+        q = tl.load(q_base + rows * stride_qn + offs_d[None, :] * stride_qd, mask=mask_q,
+                    other=0.0).to(tl.float32)
+        g = tl.load(g_base + rows * stride_gn + offs_e[None, :] * stride_ge, mask=mask_g,
+                    other=0.0).to(tl.float32)
+        phi_q = tl.where(mask_q, _feature(q, FEATURE), 0.0)
+        if INLINE:
+            g_vbar = tl.sum(g * vbar[None, :], axis=1)  # (BLOCK_N, )
+            d_phi = scale * (tl.dot(g, state_t, input_precision=PRECISION) -
+                             g_vbar[:, None] * z[None, :])
+            acc_s = tl.dot(tl.trans(phi_q), g, acc_s, input_precision=PRECISION)
+            acc_z += tl.sum(phi_q * g_vbar[:, None], axis=0)
+            weight = 1.0 - scale * tl.sum(phi_q * z[None, :], axis=1)
+            acc_v += tl.sum(weight[:, None] * g, axis=0)
+        else:
+            inv_den = 1.0 / (tl.sum(phi_q * z[None, :], axis=1) + eps)  # (BLOCK_N, )
+            num = tl.dot(phi_q, state, input_precision=PRECISION)
+            d_num = g * inv_den[:, None]
+            d_den = -tl.sum(d_num * num, axis=1) * inv_den
+            d_phi = tl.dot(d_num, state_t, input_precision=PRECISION) + d_den[:, None] * z[None, :]
+            acc_s = tl.dot(tl.trans(phi_q), d_num, acc_s, input_precision=PRECISION)
+            acc_z += tl.sum(phi_q * d_den[:, None], axis=0)
+        dq = d_phi * _feature_grad(q, FEATURE)
+        tl.store(dq_base + rows * stride_dqn + offs_d[None, :] * stride_dqd,
+                 dq.to(DQ.dtype.element_ty), mask=mask_q)
+
+    part = bh * n_chunks + pid_chunk
+    if INLINE:
+        acc_s = acc_s * scale
+        acc_z = acc_z * (-scale)
+        tl.store(DVBAR_PART + part * BLOCK_E + offs_e, acc_v)
+    tl.store(DS_PART + part * BLOCK_D * BLOCK_E + offs_d[:, None] * BLOCK_E + offs_e[None, :],
+             acc_s)
+    tl.store(DZ_PART + part * BLOCK_D + offs_d, acc_z)
+
+
+@triton.jit(do_not_specialize=['num_heads', 'M', 'D', 'E'])
+def _bwd_kv_kernel(K, V, DS, DZ, DVBAR, DK, DV,
+                   stride_kb, stride_kh, stride_km, stride_kd,
+                   stride_vb, stride_vh, stride_vm, stride_ve,
+                   stride_dkb, stride_dkh, stride_dkm, stride_dkd,
+                   stride_dvb, stride_dvh, stride_dvm, stride_dve,
+                   num_heads, M, D, E, inv_m,
+                   FEATURE: tl.constexpr, WITH_VBAR: tl.constexpr, PRECISION: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr):
+    """dk = phi'(k) (v dS^T + dz) / M and dv = (phi(k) dS + dvbar) / M of one key tile."""
+    pid_bh = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    b = (pid_bh // num_heads).to(tl.int64)
+    h = (pid_bh % num_heads).to(tl.int64)
+    bh = pid_bh.to(tl.int64)
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_e = tl.arange(0, BLOCK_E)
+    mask_m = offs_m < M
+    mask_k = mask_m[:, None] & (offs_d < D)[None, :]
+    mask_v = mask_m[:, None] & (offs_e < E)[None, :]
+    rows = offs_m[:, None].to(tl.int64)
+
+    # Scale the (unbounded) state gradients by 1/M before they meet per-token tensors.
+    d_state = tl.load(DS + bh * BLOCK_D * BLOCK_E + offs_d[:, None] * BLOCK_E +
+                      offs_e[None, :]) * inv_m
+    dz = tl.load(DZ + bh * BLOCK_D + offs_d) * inv_m
+    k = tl.load(K + b * stride_kb + h * stride_kh + rows * stride_km + offs_d[None, :] * stride_kd,
+                mask=mask_k, other=0.0).to(tl.float32)
+    v = tl.load(V + b * stride_vb + h * stride_vh + rows * stride_vm + offs_e[None, :] * stride_ve,
+                mask=mask_v, other=0.0).to(tl.float32)
+    phi_k = tl.where(mask_k, _feature(k, FEATURE), 0.0)
+    d_phi = tl.dot(v, tl.trans(d_state), input_precision=PRECISION) + dz[None, :]
+    dk = d_phi * _feature_grad(k, FEATURE)
+    dv = tl.dot(phi_k, d_state, input_precision=PRECISION)
+    if WITH_VBAR:
+        dvbar = tl.load(DVBAR + bh * BLOCK_E + offs_e) * inv_m
+        dv += dvbar[None, :]
+    tl.store(DK + b * stride_dkb + h * stride_dkh + rows * stride_dkm + offs_d[None, :] * stride_dkd,
+             dk.to(DK.dtype.element_ty), mask=mask_k)
+    tl.store(DV + b * stride_dvb + h * stride_dvh + rows * stride_dvm + offs_e[None, :] * stride_dve,
+             dv.to(DV.dtype.element_ty), mask=mask_v)
+
+
+# ---------------------------------------------------------------------------------------------
+# Host side
+# ---------------------------------------------------------------------------------------------
+
+
+class _LaunchConfig:
+    """Tile sizes and chunking of one call (all heuristics, no autotuning).
+
+    Args:
+        d: Feature dim of q/k.
+        e: Feature dim of v.
+        device: Device of the tensors.
+        precision: ``tl.dot`` input precision (``'ieee'`` or ``'tf32'``).
+    """
+
+    def __init__(self, d: int, e: int, device: torch.device, precision: str) -> None:
+        self.block_d = max(16, triton.next_power_of_2(d))
+        self.block_e = max(16, triton.next_power_of_2(e))
+        self.precision = precision
+        big = self.block_d * self.block_e > 64 * 64
+        # Two (d x e) fp32 tiles live in registers next to the token tiles: keep those small
+        # for large heads.
+        self.block_tokens = 32 if big else 64
+        if device.type == 'cuda':
+            self.num_warps = 8 if big else 4
+            self.num_stages = 2 if big else 3
+            self.target_programs = 4 * torch.cuda.get_device_properties(
+                device).multi_processor_count
+        else:  # interpreter: few, long programs; still several chunks to exercise the path
+            self.num_warps = 4
+            self.num_stages = 1
+            self.target_programs = 0
+
+    def chunking(self, tokens: int, batch_heads: int) -> Tuple[int, int]:
+        """(tiles per chunk, number of chunks) for reductions over ``tokens`` tokens."""
+        tiles = triton.cdiv(tokens, self.block_tokens)
+        if self.target_programs > 0:
+            chunks_per_head = max(1, triton.cdiv(self.target_programs, batch_heads))
+            tiles_per_chunk = max(2, triton.cdiv(tiles, chunks_per_head))
+        else:
+            tiles_per_chunk = 4
+        tiles_per_chunk = min(tiles_per_chunk, tiles)
+        return tiles_per_chunk, triton.cdiv(tiles, tiles_per_chunk)
+
+    def kernel_options(self) -> dict:
+        """Launch keyword arguments shared by all kernels."""
+        return dict(num_warps=self.num_warps, num_stages=self.num_stages,
+                    PRECISION=self.precision, BLOCK_D=self.block_d, BLOCK_E=self.block_e)
+
+
+def _dot_precision(*tensors: torch.Tensor) -> str:
+    """IEEE fp32 in the interpreter and for fp32 inputs (unless torch allows TF32), else TF32."""
+    if INTERPRETED:
+        return 'ieee'
+    if any(t.dtype == torch.float32 for t in tensors):
+        return 'tf32' if torch.backends.cuda.matmul.allow_tf32 else 'ieee'
+    return 'tf32'
+
+
+def _strides(x: torch.Tensor) -> Tuple[int, int, int, int]:
+    return tuple(x.stride())  # type: ignore[return-value]
+
+
+def _validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Raises a ValueError/RuntimeError naming the problem for inputs the kernels cannot take."""
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError('the Triton linear attention expects 4-D (B, H, N, d) q, k, v; got '
+                         f'{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}')
+    if q.shape[:2] != k.shape[:2] or q.shape[:2] != v.shape[:2]:
+        raise ValueError('q, k, v must share (B, H); got '
+                         f'{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}')
+    if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
+        raise ValueError('need q (B, H, N, d), k (B, H, M, d), v (B, H, M, e); got '
+                         f'{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}')
+    if q.shape[-2] == 0 or k.shape[-2] == 0:
+        raise ValueError('the Triton linear attention needs N >= 1 queries and M >= 1 keys')
+    if q.shape[-1] > MAX_HEAD_DIM or v.shape[-1] > MAX_HEAD_DIM:
+        raise ValueError(f'the Triton linear attention supports head dims <= {MAX_HEAD_DIM}; got '
+                         f'd={q.shape[-1]}, e={v.shape[-1]}; use backend="torch"')
+    for name, t in (('q', q), ('k', k), ('v', v)):
+        if t.dtype not in _SUPPORTED_DTYPES:
+            raise ValueError(f'{name} has dtype {t.dtype}; the Triton linear attention supports '
+                             f'{list(_SUPPORTED_DTYPES)}; use backend="torch"')
+    if not (q.device == k.device == v.device):
+        raise ValueError(f'q, k, v are on different devices: {q.device}, {k.device}, {v.device}')
+    if q.device.type == 'cuda':
+        if INTERPRETED:
+            raise RuntimeError('the Triton kernels were imported with TRITON_INTERPRET=1 and can '
+                               'only run on CPU tensors; unset TRITON_INTERPRET for CUDA')
+    elif not INTERPRETED:
+        raise RuntimeError(f'the Triton kernels need CUDA tensors (got {q.device}); set '
+                           'TRITON_INTERPRET=1 before mmlinvit imports the kernels to run them '
+                           'on CPU in the interpreter, or use backend="torch"')
+
+
+def _device_guard(device: torch.device) -> ContextManager:
+    """Makes ``device`` current for the launches (Triton launches on the current device)."""
+    if device.type == 'cuda':
+        return torch.cuda.device(device)
+    return contextlib.nullcontext()
+
+
+def _sum_parts(parts: torch.Tensor) -> torch.Tensor:
+    """(BH, chunks, ...) -> (BH, ...) fp32 contiguous."""
+    if parts.shape[1] == 1:
+        return parts[:, 0].contiguous()
+    return parts.sum(dim=1)
+
+
+def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, feature: int, inline: bool,
+             eps: float, scale: float, cfg: _LaunchConfig
+             ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    """Runs both forward kernels; returns out and the fp32 states (S, z, vbar)."""
+    batch, heads, n, d = q.shape
+    m, e = v.shape[-2], v.shape[-1]
+    bh = batch * heads
+    dev = q.device
+    opts = cfg.kernel_options()
+    tiles_per_chunk, n_chunks = cfg.chunking(m, bh)
+    s_part = torch.empty(bh, n_chunks, cfg.block_d, cfg.block_e, dtype=torch.float32, device=dev)
+    z_part = torch.empty(bh, n_chunks, cfg.block_d, dtype=torch.float32, device=dev)
+    vbar_part = (torch.empty(bh, n_chunks, cfg.block_e, dtype=torch.float32, device=dev)
+                 if inline else z_part)
+    _state_kernel[(bh, n_chunks)](
+        k, v, s_part, z_part, vbar_part, *_strides(k), *_strides(v), heads, m, d, e, 1.0 / m,
+        tiles_per_chunk, FEATURE=feature, WITH_VBAR=inline, BLOCK_M=cfg.block_tokens, **opts)
+    state, z = _sum_parts(s_part), _sum_parts(z_part)
+    vbar = _sum_parts(vbar_part) if inline else None
+
+    out = torch.empty(batch, heads, n, e, dtype=v.dtype, device=dev)
+    _output_kernel[(bh, triton.cdiv(n, cfg.block_tokens))](
+        q, state, z, vbar if inline else z, out, *_strides(q), *_strides(out), heads, n, d, e,
+        float(eps), float(scale), FEATURE=feature, INLINE=inline, BLOCK_N=cfg.block_tokens,
+        **opts)
+    return out, state, z, vbar
+
+
+def _backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              state: torch.Tensor, z: torch.Tensor, vbar: Optional[torch.Tensor], feature: int,
+              inline: bool, eps: float, scale: float,
+              cfg: _LaunchConfig) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Runs both backward kernels; returns dq, dk, dv in the dtypes of q, k, v."""
+    batch, heads, n, d = q.shape
+    m, e = v.shape[-2], v.shape[-1]
+    bh = batch * heads
+    dev = q.device
+    opts = cfg.kernel_options()
+    dq = torch.empty(q.shape, dtype=q.dtype, device=dev)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=dev)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=dev)
+    tiles_per_chunk, n_chunks = cfg.chunking(n, bh)
+    ds_part = torch.empty(bh, n_chunks, cfg.block_d, cfg.block_e, dtype=torch.float32, device=dev)
+    dz_part = torch.empty(bh, n_chunks, cfg.block_d, dtype=torch.float32, device=dev)
+    dvbar_part = (torch.empty(bh, n_chunks, cfg.block_e, dtype=torch.float32, device=dev)
+                  if inline else dz_part)
+    _bwd_q_kernel[(bh, n_chunks)](
+        q, grad_out, state, z, vbar if inline else z, dq, ds_part, dz_part, dvbar_part,
+        *_strides(q), *_strides(grad_out), *_strides(dq), heads, n, d, e, float(eps),
+        float(scale), tiles_per_chunk, FEATURE=feature, INLINE=inline,
+        BLOCK_N=cfg.block_tokens, **opts)
+    d_state, dz = _sum_parts(ds_part), _sum_parts(dz_part)
+    dvbar = _sum_parts(dvbar_part) if inline else dz
+    _bwd_kv_kernel[(bh, triton.cdiv(m, cfg.block_tokens))](
+        k, v, d_state, dz, dvbar, dk, dv, *_strides(k), *_strides(v), *_strides(dk),
+        *_strides(dv), heads, m, d, e, 1.0 / m, FEATURE=feature, WITH_VBAR=inline,
+        BLOCK_M=cfg.block_tokens, **opts)
+    return dq, dk, dv
+
+
+class _FusedLinearAttention(torch.autograd.Function):
+    """Autograd wrapper of the kernels; saves q, k, v and the tiny fp32 states only."""
+
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, feature: int,
+                inline: bool, eps: float, scale: float) -> torch.Tensor:
+        cfg = _LaunchConfig(q.shape[-1], v.shape[-1], q.device, _dot_precision(q, k, v))
+        with _device_guard(q.device):
+            out, state, z, vbar = _forward(q, k, v, feature, inline, eps, scale, cfg)
+        if vbar is None:
+            ctx.save_for_backward(q, k, v, state, z)
+        else:
+            ctx.save_for_backward(q, k, v, state, z, vbar)
+        ctx.cfg = cfg
+        ctx.feature, ctx.inline, ctx.eps, ctx.scale = feature, inline, eps, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        q, k, v, state, z, *rest = ctx.saved_tensors
+        vbar = rest[0] if rest else None
+        with _device_guard(q.device):
+            dq, dk, dv = _backward(grad_out, q, k, v, state, z, vbar, ctx.feature, ctx.inline,
+                                   ctx.eps, ctx.scale, ctx.cfg)
+        return dq, dk, dv, None, None, None, None
+
+
+def fused_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           feature_map: str = 'elu', eps: float = 1e-6) -> torch.Tensor:
+    """Triton kernel LA: phi(Q) S / (phi(Q) z + eps), S = phi(K)^T V / M, z = mean(phi(K)).
+
+    Args:
+        q: Raw queries (B, H, N, d), any strides, fp32/fp16/bf16.
+        k: Raw keys (B, H, M, d).
+        v: Values (B, H, M, e); d, e <= 128.
+        feature_map: ``'elu'`` (ELU+1), ``'relu'`` or ``'identity'`` (pre-mapped inputs, any
+            sign, e.g. Hedgehog features computed by the caller).
+        eps: Normaliser epsilon (added to the 1/M-scaled denominator).
+
+    Returns:
+        (B, H, N, e) in the dtype of ``v``; differentiable w.r.t. q, k, v.
+    """
+    if feature_map not in FEATURE_CODES:
+        raise KeyError(f'Unknown feature map {feature_map!r} for the Triton kernel; available: '
+                       f'{sorted(FEATURE_CODES)}')
+    _validate(q, k, v)
+    return _FusedLinearAttention.apply(q, k, v, FEATURE_CODES[feature_map], False, float(eps),
+                                       1.0)
+
+
+def fused_inline_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           scale: float) -> torch.Tensor:
+    """Triton InLine attention: s Q (K^T V / M) + (1 - s Q.kbar) vbar.
+
+    Args:
+        q: Queries (B, H, N, d) (identity feature map).
+        k: Keys (B, H, M, d).
+        v: Values (B, H, M, e).
+        scale: s, usually d ** -0.5.
+
+    Returns:
+        (B, H, N, e) in the dtype of ``v``; differentiable w.r.t. q, k, v.
+    """
+    _validate(q, k, v)
+    if not math.isfinite(scale):
+        raise ValueError(f'InLine scale must be finite; got {scale}')
+    return _FusedLinearAttention.apply(q, k, v, FEATURE_CODES['identity'], True, 0.0,
+                                       float(scale))

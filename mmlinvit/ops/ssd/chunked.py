@@ -1,0 +1,147 @@
+"""Chunked Mamba-2 SSD scan in plain PyTorch (the reference O(N) path).
+
+The sequence is cut into chunks of ``Q`` tokens (the last one zero-padded: a padded token
+has ``dt = 0``, so it neither decays nor feeds the state, and any length works).  With the
+per-token log decay ``a_t = A_h dt_t`` and ``seg(i, j) = a_{j+1} + ... + a_i``:
+
+* within a chunk, the quadratic (attention-like) form
+  ``y_i = sum_{j <= i} exp(seg(i, j)) (C_i . B_j) dt_j x_j``;
+* each chunk summarises its own inputs in the state at its end,
+  ``S_c = sum_j exp(seg(Q - 1, j)) dt_j x_j B_j^T``;
+* states are passed between chunks by the recurrence
+  ``H_{c+1} = exp(a_0 + ... + a_{Q-1}) H_c + S_c`` (a loop over chunks),
+  and every token adds ``exp(a_0 + ... + a_i) C_i H_c`` from the state entering its chunk.
+
+``seg`` is summed directly (masked cumulative sum), not as a difference of two long
+cumulative sums, so it stays accurate when the decays are large.  Everything runs in fp32
+(fp64 when the inputs are fp64, which lets tests check the algebra to ~1e-12).
+The largest temporaries are (batch, chunks, H, Q, Q): O(L * H * Q) memory, linear in the
+sequence length for a fixed chunk size; ``chunks_per_step`` bounds them further.
+"""
+import math
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from .checks import check_ssd_inputs
+
+
+def segment_sums(log_decay: torch.Tensor) -> torch.Tensor:
+    """seg[..., i, j] = sum_{k=j+1}^{i} log_decay[..., k] for i >= j, -inf above the diagonal.
+
+    Args:
+        log_decay: (..., Q).
+
+    Returns:
+        (..., Q, Q); ``exp`` of it is the lower-triangular decay matrix of a chunk.
+    """
+    q = log_decay.shape[-1]
+    ones = torch.ones(q, q, dtype=torch.bool, device=log_decay.device)
+    # rows index k, columns index j: keep a_k where k > j, then sum the rows up to i.
+    terms = log_decay.unsqueeze(-1).expand(*log_decay.shape, q).masked_fill(~ones.tril(-1), 0.0)
+    return terms.cumsum(dim=-2).masked_fill(~ones.tril(0), float('-inf'))
+
+
+def _scan_chunk_block(xdt: torch.Tensor, log_decay: torch.Tensor, b: torch.Tensor,
+                      c: torch.Tensor, state: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Scans consecutive chunks given the state entering the first one.
+
+    Args:
+        xdt: dt * x, (batch, k, Q, G, R, P).
+        log_decay: A * dt, (batch, k, G, R, Q).
+        b: (batch, k, Q, G, N).
+        c: (batch, k, Q, G, N).
+        state: (batch, G, R, P, N), the state before the first chunk.
+
+    Returns:
+        y (batch, k, Q, G, R, P) and the state after the last chunk.
+    """
+    decay = segment_sums(log_decay).exp()  # (batch, k, G, R, Q, Q)
+    scores = torch.einsum('bkign,bkjgn->bkgij', c, b)  # (batch, k, G, Q, Q)
+    y = torch.einsum('bkgrij,bkjgrp->bkigrp', decay * scores.unsqueeze(3), xdt)
+
+    # Each chunk's own contribution to the state at its end.
+    to_end = decay[..., -1, :].permute(0, 1, 4, 2, 3).unsqueeze(-1)  # (batch, k, Q, G, R, 1)
+    own = torch.einsum('bkjgrp,bkjgn->bkgrpn', xdt * to_end, b)  # (batch, k, G, R, P, N)
+    cum = log_decay.cumsum(dim=-1)  # (batch, k, G, R, Q)
+    chunk_decay = cum[..., -1].exp()[..., None, None]  # (batch, k, G, R, 1, 1)
+
+    entering = []
+    for i in range(xdt.shape[1]):
+        entering.append(state)
+        state = chunk_decay[:, i] * state + own[:, i]
+    prev = torch.stack(entering, dim=1)  # (batch, k, G, R, P, N)
+    from_prev = torch.einsum('bkign,bkgrpn->bkigrp', c, prev)
+    y = y + from_prev * cum.exp().permute(0, 1, 4, 2, 3).unsqueeze(-1)
+    return y, state
+
+
+def ssd_scan_chunked(x: torch.Tensor,
+                     dt: torch.Tensor,
+                     A: torch.Tensor,
+                     B: torch.Tensor,
+                     C: torch.Tensor,
+                     D: Optional[torch.Tensor] = None,
+                     chunk_size: int = 256,
+                     chunks_per_step: Optional[int] = None) -> torch.Tensor:
+    """Mamba-2 scan by chunks (see the module docstring), accumulated in fp32 (fp64 for fp64).
+
+    Args:
+        x: Inputs (batch, L, H, P).
+        dt: Step sizes (batch, L, H), already positive (softplus applied).
+        A: Per-head decay rates (H,), negative.
+        B: Input projections (batch, L, G, N), ``H % G == 0``; head h uses group
+            ``h // (H // G)``.
+        C: Output projections (batch, L, G, N).
+        D: Optional per-head skip (H,).
+        chunk_size: Tokens per chunk Q (any L works; the last chunk is padded).
+        chunks_per_step: Chunks processed together; ``None`` vectorises all of them, a small
+            number bounds the (chunks, Q, Q) temporaries (inference at high resolution).
+
+    Returns:
+        y (batch, L, H, P) in the dtype of ``x``.
+    """
+    check_ssd_inputs(x, dt, A, B, C, D)
+    if not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f'chunk_size must be a positive int, got {chunk_size!r}')
+    if chunks_per_step is not None and (not isinstance(chunks_per_step, int)
+                                        or chunks_per_step < 1):
+        raise ValueError(f'chunks_per_step must be None or a positive int, got '
+                         f'{chunks_per_step!r}')
+    batch, length, heads, headdim = x.shape
+    groups, d_state = B.shape[2], B.shape[3]
+    if length == 0:
+        return x.new_zeros(x.shape)
+    per_group = heads // groups
+    num_chunks = math.ceil(length / chunk_size)
+    pad = num_chunks * chunk_size - length
+
+    acc = torch.promote_types(x.dtype, torch.float32)  # fp32, or fp64 for fp64 inputs
+    x32 = x.to(acc).reshape(batch, length, groups, per_group, headdim)
+    dt32 = dt.to(acc).reshape(batch, length, groups, per_group)
+    b32, c32 = B.to(acc), C.to(acc)
+    if pad:
+        x32 = F.pad(x32, (0, 0, 0, 0, 0, 0, 0, pad))
+        dt32 = F.pad(dt32, (0, 0, 0, 0, 0, pad))
+        b32 = F.pad(b32, (0, 0, 0, 0, 0, pad))
+        c32 = F.pad(c32, (0, 0, 0, 0, 0, pad))
+    chunked = (batch, num_chunks, chunk_size)
+    xdt = (x32 * dt32.unsqueeze(-1)).reshape(*chunked, groups, per_group, headdim)
+    log_decay = dt32 * A.to(acc).reshape(groups, per_group)
+    log_decay = log_decay.reshape(*chunked, groups, per_group).permute(0, 1, 3, 4, 2)  # G, R, Q
+    b32 = b32.reshape(*chunked, groups, d_state)
+    c32 = c32.reshape(*chunked, groups, d_state)
+
+    step = num_chunks if chunks_per_step is None else chunks_per_step
+    state = x32.new_zeros(batch, groups, per_group, headdim, d_state)
+    outs = []
+    for start in range(0, num_chunks, step):
+        sl = slice(start, start + step)
+        y_block, state = _scan_chunk_block(xdt[:, sl], log_decay[:, sl], b32[:, sl], c32[:, sl],
+                                           state)
+        outs.append(y_block)
+    y = torch.cat(outs, dim=1).reshape(batch, num_chunks * chunk_size, heads, headdim)[:, :length]
+    if D is not None:
+        y = y + D.to(acc)[None, None, :, None] * x.to(acc)
+    return y.to(x.dtype)

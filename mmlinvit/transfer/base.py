@@ -1,0 +1,383 @@
+"""Weight transfer from a softmax teacher ViT into a linearized student ViT (torch only).
+
+A *strategy* decides which teacher tensors are copied into the student and may write
+structured initialisations of its own (Mimetic, Impulse).  :func:`transfer_weights` pairs the
+two state dicts, checks that the architectures agree, copies what the strategy selects and
+returns a :class:`TransferReport` that says exactly where every tensor came from.
+
+Pairing rule: a teacher state-dict key has a *counterpart* when the student has the same key
+with the same shape.  The one exception is ``pos_embed``: a learned teacher grid is paired
+with a learned student grid of another size (resampled with the student's ``pos_interp``),
+and its class position is dropped when the student has no class token; such copies are listed
+in :attr:`TransferReport.adapted`.  Any other key present on both sides with different shapes
+is an architecture mismatch and raises.
+"""
+import dataclasses
+from typing import Any, Dict, Mapping, Optional, Set, Tuple, Union
+
+import torch
+import torch.nn as nn
+
+from mmlinvit.backbones import VisionTransformer
+from mmlinvit.layers.pos_embed import infer_square_grid, resample_pos_grid
+from mmlinvit.utils import NameRegistry
+
+#: Registered weight-transfer strategies (snake_case names and the papers' CamelCase aliases).
+TRANSFER_STRATEGIES = NameRegistry('weight-transfer strategy')
+
+TeacherLike = Union[nn.Module, Mapping[str, torch.Tensor]]
+
+
+@dataclasses.dataclass
+class TransferReport:
+    """Where every student tensor came from, and what of the teacher was used.
+
+    Names are state-dict keys in the canonical layout (``blocks.3.attn.qkv.weight``); a copied
+    key has the same name on both sides.  Invariants (checked by :meth:`validate`)::
+
+        student keys = copied | initialized                 (disjoint)
+        teacher keys = copied | skipped | no_counterpart    (disjoint)
+        student_only, strategy_initialized  are subsets of  initialized
+
+    Args:
+        strategy: Canonical name of the strategy that produced the report.
+        copied: Student keys whose tensor was copied from the teacher key of the same name
+            (bitwise, unless the key is in ``adapted``).
+        initialized: Student keys whose tensor does not come from the teacher: they keep the
+            student's own initialisation (timm-style init of ``VisionTransformer`` and each
+            operator's ``init_extra_parameters()``) or were written by the strategy.
+        student_only: Student keys without a teacher counterpart (e.g. Hedgehog / MHLA / TTT
+            operator parameters, a class token the teacher lacks).
+        strategy_initialized: Student keys the strategy itself wrote (Mimetic, Impulse).
+        no_counterpart: Teacher keys without a student counterpart (e.g. ``mask_token`` or
+            ``cls_token`` when the student has none); no strategy can copy them.
+        skipped: Teacher keys that have a student counterpart but that the strategy chose not
+            to copy (e.g. ``attn.qkv.*`` under ``mlp_copy``).
+        adapted: Copied keys whose tensor was transformed on the way, with a description
+            (``pos_embed`` resampled to the student grid / class position dropped).
+        options: The strategy's options (seeds, alpha / beta, base strategy...).
+        details: Strategy-specific results (e.g. the impulse shifts chosen per layer).
+    """
+
+    strategy: str
+    copied: Set[str] = dataclasses.field(default_factory=set)
+    initialized: Set[str] = dataclasses.field(default_factory=set)
+    student_only: Set[str] = dataclasses.field(default_factory=set)
+    strategy_initialized: Set[str] = dataclasses.field(default_factory=set)
+    no_counterpart: Set[str] = dataclasses.field(default_factory=set)
+    skipped: Set[str] = dataclasses.field(default_factory=set)
+    adapted: Dict[str, str] = dataclasses.field(default_factory=dict)
+    options: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    details: Dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def validate(self, student_keys: Set[str], teacher_keys: Set[str]) -> None:
+        """Raises ``AssertionError`` when the documented invariants do not hold."""
+        assert not self.copied & self.initialized, 'copied and initialized overlap'
+        assert self.copied | self.initialized == student_keys, 'student keys not partitioned'
+        parts = (self.copied, self.skipped, self.no_counterpart)
+        assert sum(len(p) for p in parts) == len(teacher_keys), 'teacher sets overlap'
+        assert set().union(*parts) == teacher_keys, 'teacher keys not partitioned'
+        assert self.student_only <= self.initialized
+        assert self.strategy_initialized <= self.initialized
+        assert set(self.adapted) <= self.copied
+
+    def to_dict(self) -> Dict[str, Any]:
+        """JSON-ready dict: sorted name lists plus their counts."""
+        out: Dict[str, Any] = dict(strategy=self.strategy)
+        counts = {}
+        for field in ('copied', 'initialized', 'student_only', 'strategy_initialized',
+                      'no_counterpart', 'skipped'):
+            names = sorted(getattr(self, field))
+            out[field] = names
+            counts[field] = len(names)
+        out['counts'] = counts
+        out['adapted'] = dict(sorted(self.adapted.items()))
+        out['options'] = dict(self.options)
+        out['details'] = dict(self.details)
+        return out
+
+    def summary(self) -> str:
+        """One line: strategy and the size of each set."""
+        return (f'{self.strategy}: copied {len(self.copied)}, initialized '
+                f'{len(self.initialized)} (strategy-set {len(self.strategy_initialized)}, '
+                f'student-only {len(self.student_only)}), teacher skipped {len(self.skipped)}, '
+                f'teacher without counterpart {len(self.no_counterpart)}')
+
+
+class TransferStrategy:
+    """Base class: which paired teacher tensors to copy, and what to write afterwards.
+
+    Subclasses override :meth:`selects` (a pure function of the key) and, for structured
+    initialisations, :meth:`check` (validate the student before anything is written) and
+    :meth:`initialize` (write tensors; return the keys written).
+    """
+
+    #: Canonical registered name, used in reports.
+    name: str = ''
+
+    def selects(self, key: str) -> bool:
+        """Whether the paired teacher tensor ``key`` is copied into the student."""
+        return False
+
+    def check(self, student: VisionTransformer) -> None:
+        """Raises a clear error if the strategy cannot be applied to ``student``."""
+
+    def initialize(self, student: VisionTransformer, report: TransferReport) -> Set[str]:
+        """Writes the strategy's own tensors after copying; returns the student keys written.
+
+        Args:
+            student: The student, already holding the copied tensors.
+            report: The report being built; strategies may add ``details``.
+        """
+        return set()
+
+    def options(self) -> Dict[str, Any]:
+        """JSON-ready options, recorded in the report."""
+        return {}
+
+
+def build_transfer_strategy(strategy: Union[str, dict, TransferStrategy],
+                            **kwargs: Any) -> TransferStrategy:
+    """Builds a strategy from a name, a ``dict(type=...)`` config or returns an instance.
+
+    Args:
+        strategy: Registered name (``'mlp_copy'``, ``'MLPCopy'``...), config dict or instance.
+        **kwargs: Strategy options (ignored for instances; pass them to the constructor).
+    """
+    if isinstance(strategy, TransferStrategy):
+        if kwargs:
+            raise TypeError(f'Options {sorted(kwargs)} given together with an already built '
+                            f'strategy {strategy.name!r}; pass them to its constructor instead')
+        return strategy
+    return TRANSFER_STRATEGIES.build(strategy, **kwargs)
+
+
+# ---------------------------------------------------------------------- pairing
+def _teacher_state(teacher: TeacherLike) -> Tuple[Dict[str, torch.Tensor], bool]:
+    """Teacher state dict (detached) and whether its ``pos_embed`` starts with a class position."""
+    if isinstance(teacher, nn.Module):
+        if not isinstance(teacher, VisionTransformer):
+            raise TypeError('The teacher must be a mmlinvit VisionTransformer or a canonical '
+                            f'state dict, got a {type(teacher).__name__} module')
+        state = {k: v.detach() for k, v in teacher.state_dict().items()}
+        return state, teacher.with_cls_token
+    if not isinstance(teacher, Mapping):
+        raise TypeError('The teacher must be a VisionTransformer or a state dict (mapping of '
+                        f'names to tensors), got {type(teacher).__name__}')
+    state = {}
+    for key, value in teacher.items():
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f'Teacher state dict entry {key!r} is a {type(value).__name__}, not '
+                            'a tensor; pass the state dict itself, not a checkpoint wrapper')
+        state[key] = value.detach()
+    return state, 'cls_token' in state
+
+
+def _teacher_shape(state: Mapping[str, torch.Tensor]) -> Tuple[int, int]:
+    """(embed_dims, num_layers) of a canonical teacher state dict."""
+    depth = {int(k.split('.')[1]) for k in state if k.startswith('blocks.') and
+             k.split('.')[1].isdigit()}
+    width_key = next((k for k in ('patch_embed.proj.weight', 'blocks.0.norm1.weight')
+                      if k in state), None)
+    if not depth or width_key is None:
+        raise ValueError('The teacher state dict is not in the canonical layout (no '
+                         "'blocks.<i>.' / 'patch_embed.proj.weight' keys; first keys: "
+                         f'{list(state)[:5]}). Convert it first with '
+                         'mmlinvit.converters.convert_state_dict(state_dict, layout="auto").')
+    return state[width_key].shape[0], max(depth) + 1
+
+
+def check_compatible(student: VisionTransformer, teacher: TeacherLike) -> None:
+    """Raises ``ValueError`` naming both shapes if width, depth or heads differ.
+
+    Args:
+        student: The student backbone.
+        teacher: Teacher backbone or canonical state dict.
+    """
+    state, _ = _teacher_state(teacher)
+    t_width, t_depth = _teacher_shape(state)
+    t_heads = teacher.num_heads if isinstance(teacher, VisionTransformer) else None
+    mismatch = (t_width != student.embed_dims or t_depth != student.num_layers or
+                (t_heads is not None and t_heads != student.num_heads))
+    if mismatch:
+        heads = f', num_heads={t_heads}' if t_heads is not None else ''
+        raise ValueError(
+            f'Teacher and student architectures differ: teacher embed_dims={t_width}, '
+            f'num_layers={t_depth}{heads} vs student embed_dims={student.embed_dims}, '
+            f'num_layers={student.num_layers}, num_heads={student.num_heads}. Weight transfer '
+            'needs the same width, depth and heads; build the student with the teacher arch.')
+
+
+def _adapt_pos_embed(teacher_pos: torch.Tensor, teacher_has_cls: bool,
+                     student: VisionTransformer) -> Tuple[Optional[torch.Tensor], str]:
+    """Teacher ``pos_embed`` reshaped for the student (or ``None``), and what was done."""
+    if student.pos_embed is None or teacher_pos.ndim != 3:
+        return None, ''
+    if teacher_pos.shape[-1] != student.embed_dims:
+        return None, ''
+    if student.with_cls_token and not teacher_has_cls:
+        return None, ''  # the student's class position has no teacher value
+    start = int(teacher_has_cls)
+    patch = teacher_pos[:, start:]
+    notes = []
+    if teacher_has_cls and not student.with_cls_token:
+        notes.append('class position dropped')
+    src = infer_square_grid(patch.shape[1])
+    dst = tuple(student.pos_grid)
+    if src != dst:
+        patch = resample_pos_grid(patch, src, dst, student.pos_interp)
+        notes.append(f'grid {src[0]}x{src[1]} resampled to {dst[0]}x{dst[1]} '
+                     f'({student.pos_interp})')
+    parts = [teacher_pos[:, :1], patch] if student.with_cls_token else [patch]
+    return torch.cat(parts, dim=1), '; '.join(notes)
+
+
+def pair_state_dicts(student: VisionTransformer, teacher: TeacherLike
+                     ) -> Tuple[Dict[str, torch.Tensor], Dict[str, str], Set[str]]:
+    """Pairs teacher tensors with student keys (see the module docstring for the rule).
+
+    Args:
+        student: The student backbone.
+        teacher: Teacher backbone or canonical state dict.
+
+    Returns:
+        ``(counterparts, adapted, no_counterpart)``: teacher tensors ready to copy keyed by the
+        shared name, descriptions of adapted tensors, and teacher keys without counterpart.
+
+    Raises:
+        ValueError: If width / depth differ, or a shared key has incompatible shapes.
+    """
+    check_compatible(student, teacher)
+    state, teacher_has_cls = _teacher_state(teacher)
+    student_state = student.state_dict()
+    counterparts: Dict[str, torch.Tensor] = {}
+    adapted: Dict[str, str] = {}
+    no_counterpart: Set[str] = set()
+    mismatched = []
+    for key, value in state.items():
+        if key not in student_state:
+            no_counterpart.add(key)
+            continue
+        target_shape = student_state[key].shape
+        if value.shape == target_shape:
+            counterparts[key] = value
+            continue
+        if key == 'pos_embed':
+            pos, note = _adapt_pos_embed(value, teacher_has_cls, student)
+            if pos is not None and pos.shape == target_shape:
+                counterparts[key] = pos
+                adapted[key] = note
+            else:
+                no_counterpart.add(key)
+            continue
+        mismatched.append(f'{key}: teacher {tuple(value.shape)} vs student '
+                          f'{tuple(target_shape)}')
+    if mismatched:
+        shown = '; '.join(mismatched[:8]) + ('; ...' if len(mismatched) > 8 else '')
+        raise ValueError(f'{len(mismatched)} teacher tensors do not fit the student ({shown}). '
+                         'Teacher and student must share the architecture (arch, MLP type, '
+                         'biases, register tokens).')
+    return counterparts, adapted, no_counterpart
+
+
+# ---------------------------------------------------------------------- entry point
+def transfer_weights(student: VisionTransformer,
+                     teacher_or_state_dict: TeacherLike,
+                     strategy: Union[str, dict, TransferStrategy] = 'mlp_copy',
+                     **kwargs: Any) -> TransferReport:
+    """Initialises ``student`` from a softmax teacher with a registered strategy (in place).
+
+    Args:
+        student: The linearized student (``VisionTransformer`` built with ``attn_cfg``).
+        teacher_or_state_dict: The softmax teacher backbone, or its state dict in the canonical
+            layout (convert official checkpoints with :mod:`mmlinvit.converters` first).
+        strategy: Registered name (see ``TRANSFER_STRATEGIES.names``), a config dict with a
+            ``type`` key, or a built :class:`TransferStrategy`.
+        **kwargs: Options of the strategy (e.g. ``alpha``, ``seed``, ``base`` for Mimetic).
+
+    Returns:
+        A :class:`TransferReport`.
+
+    Raises:
+        KeyError: Unknown strategy (the message lists the registered ones).
+        ValueError: Incompatible teacher / student, or a strategy that cannot be applied to
+            an operator of the student (raised before anything is written).
+    """
+    if not isinstance(student, VisionTransformer):
+        raise TypeError('The student must be a mmlinvit VisionTransformer, got '
+                        f'{type(student).__name__}')
+    strat = build_transfer_strategy(strategy, **kwargs)
+    counterparts, adapted, no_counterpart = pair_state_dicts(student, teacher_or_state_dict)
+    strat.check(student)
+
+    report = TransferReport(strategy=strat.name, options=strat.options())
+    report.no_counterpart = no_counterpart
+    student_tensors = student.state_dict(keep_vars=True)
+    with torch.no_grad():
+        for key, value in counterparts.items():
+            if strat.selects(key):
+                student_tensors[key].copy_(value)
+                report.copied.add(key)
+                if key in adapted:
+                    report.adapted[key] = adapted[key]
+            else:
+                report.skipped.add(key)
+        written = strat.initialize(student, report)
+    overwritten = written & report.copied
+    if overwritten:
+        raise RuntimeError(f'Strategy {strat.name!r} overwrote copied tensors '
+                           f'{sorted(overwritten)}; its base strategy must not copy them')
+    student_keys = set(student_tensors)
+    report.initialized = student_keys - report.copied
+    report.student_only = student_keys - set(counterparts)
+    report.strategy_initialized = set(written)
+    report.validate(student_keys, set(counterparts) | no_counterpart)
+    return report
+
+
+# ---------------------------------------------------------------------- structured inits
+def operator_name(student: VisionTransformer, index: int) -> str:
+    """The operator name layer ``index`` of ``student`` was built with."""
+    cfg = student.attn_cfgs[index]
+    return cfg if isinstance(cfg, str) else str(cfg['type'])
+
+
+class AttentionInitStrategy(TransferStrategy):
+    """Base of structured attention initialisations (Mimetic, Impulse) composed with a copy base.
+
+    The copy part is delegated to ``base``, which must leave ``attn.qkv`` and ``attn.proj``
+    alone (``'random'`` or ``'mlp_copy'``); the structured part then writes the attention
+    projections of every block.
+
+    Args:
+        base: Copy strategy run first: ``'random'`` (copy nothing) or ``'mlp_copy'``, as a
+            name or config dict (``dict(type='mlp_copy', include_layer_scale=True)``).
+    """
+
+    #: Canonical names of the copy strategies a structured init can be combined with.
+    ALLOWED_BASES = ('random', 'mlp_copy')
+
+    def __init__(self, base: Union[str, dict] = 'random') -> None:
+        self.base = build_transfer_strategy(base)
+        if self.base.name not in self.ALLOWED_BASES:
+            raise ValueError(f'{self.name!r} writes the attention projections itself, so it can '
+                             f'only be combined with a base strategy that does not copy them: '
+                             f'{self.ALLOWED_BASES}; got base={self.base.name!r}')
+
+    def selects(self, key: str) -> bool:
+        return self.base.selects(key)
+
+    def check(self, student: VisionTransformer) -> None:
+        """Every layer must mix tokens through q.k^T (``has_qk_form``)."""
+        for i, block in enumerate(student.blocks):
+            if not block.attn.has_qk_form:
+                raise ValueError(
+                    f'Strategy {self.name!r} initialises per-head q.k^T products, but layer {i} '
+                    f'of the student uses operator {operator_name(student, i)!r}, which has no '
+                    f'q.k^T form (has_qk_form=False). Use a copy strategy (random / copy / '
+                    f'mlp_copy / full_copy) for this student, or a per-layer attn_cfg whose '
+                    f'operators all have a q.k^T form.')
+        self.base.check(student)
+
+    def options(self) -> Dict[str, Any]:
+        return dict(base=self.base.name, base_options=self.base.options())

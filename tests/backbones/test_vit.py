@@ -1,0 +1,120 @@
+"""Teacher ViT skeleton: families, resolutions, outputs, hook points, layer depth."""
+import pytest
+import torch
+
+from mmlinvit.backbones import FAMILY_SIZES, VIT_FAMILIES, VIT_SIZES, VisionTransformer
+
+TINY = dict(embed_dims=32, num_layers=3, num_heads=2, mlp_hidden_dims=64)
+
+
+@pytest.mark.parametrize('family', sorted(VIT_FAMILIES))
+@pytest.mark.parametrize('hw', [(32, 32), (28, 56)])
+def test_families_any_resolution(family, hw):
+    patch = 14 if family == 'dinov2' else 16
+    h, w = hw[0] // 8 * patch // 2, hw[1] // 8 * patch // 2  # a few patches per side
+    model = VisionTransformer(TINY, family=family, img_size=2 * patch, out_type='featmap',
+                              out_indices=[0, 2]).eval()
+    outs = model(torch.randn(2, 3, h, w))
+    assert len(outs) == 2
+    for out in outs:
+        assert out.shape == (2, 32, h // patch, w // patch)
+
+
+@pytest.mark.parametrize('out_type,shape', [('raw', (2, 1 + 4 + 16, 32)), ('cls_token', (2, 32)),
+                                            ('avg_featmap', (2, 32)), ('featmap', (2, 32, 4, 4))])
+def test_out_types_with_registers(out_type, shape):
+    model = VisionTransformer(TINY, family='dinov2', img_size=56, num_reg_tokens=4,
+                              out_type=out_type).eval()
+    assert model.num_prefix_tokens == 5
+    assert model(torch.randn(2, 3, 56, 56))[0].shape == shape
+
+
+def test_avg_featmap_excludes_prefix_tokens():
+    model = VisionTransformer(TINY, family='deit', img_size=32, patch_size=8, out_type='raw').eval()
+    x = torch.randn(1, 3, 32, 32)
+    raw = model(x)[0]
+    model.out_type = 'avg_featmap'
+    torch.testing.assert_close(model(x)[0], raw[:, 1:].mean(1))
+
+
+@pytest.mark.parametrize('family,size', [('dinov2', 518), ('dinov2', 512), ('deit', 512),
+                                         ('clip', 1024)])
+def test_high_resolution_position_grids(family, size):
+    # Only the embedding stage: resampling to the big grids the segmentation configs use.
+    model = VisionTransformer(TINY, family=family)
+    tokens, hw = model.prepare_tokens(torch.randn(1, 3, size, size if size != 1024 else 512))
+    patch = model.patch_size
+    assert hw == (size // patch, (size if size != 1024 else 512) // patch)
+    assert tokens.shape[1] == 1 + hw[0] * hw[1]
+
+
+def test_dinov2_interpolation_differs_from_plain_bicubic():
+    a = VisionTransformer(TINY, family='dinov2', img_size=56)
+    b = VisionTransformer(TINY, family='dinov2', img_size=56, pos_interp='bicubic')
+    b.load_state_dict(a.state_dict())
+    pa = a.patch_pos_embed((6, 5), 'cpu', torch.float32)
+    pb = b.patch_pos_embed((6, 5), 'cpu', torch.float32)
+    assert pa.shape == pb.shape == (1, 30, 32)
+    assert not torch.allclose(pa, pb)
+    # Same grid: both return the stored embeddings untouched.
+    torch.testing.assert_close(a.patch_pos_embed((4, 4), 'cpu', torch.float32), a.pos_embed[:, 1:])
+
+
+def test_checkpoint_grid_is_adopted_on_load():
+    src = VisionTransformer(TINY, family='dinov2', img_size=14 * 5)
+    dst = VisionTransformer(TINY, family='dinov2', img_size=14 * 3)
+    dst.load_state_dict(src.state_dict())
+    assert dst.pos_grid == (5, 5)
+    x = torch.randn(1, 3, 42, 56)
+    torch.testing.assert_close(dst.eval().forward_tokens(x)[0], src.eval().forward_tokens(x)[0])
+
+
+def test_hook_points_record_block_input_and_attention_output():
+    model = VisionTransformer(TINY, family='deit', img_size=32, patch_size=8).eval()
+    seen = {}
+    model.blocks[1].register_forward_pre_hook(lambda m, args: seen.__setitem__('in', args[0]))
+    model.blocks[1].attn.register_forward_hook(lambda m, a, out: seen.__setitem__('attn', out))
+    model(torch.randn(2, 3, 32, 32))
+    assert seen['in'].shape == seen['attn'].shape == (2, 17, 32)
+    recomputed = model.blocks[1].forward_attn(seen['in'], (4, 4), 1)
+    torch.testing.assert_close(recomputed, seen['attn'])
+
+
+def test_get_layer_depth():
+    model = VisionTransformer(TINY, family='deit', img_size=32, patch_size=8)
+    assert model.get_layer_depth('backbone.cls_token', 'backbone.') == (0, 5)
+    assert model.get_layer_depth('backbone.patch_embed.proj.weight', 'backbone.') == (0, 5)
+    assert model.get_layer_depth('backbone.blocks.2.mlp.fc1.weight', 'backbone.') == (3, 5)
+    assert model.get_layer_depth('backbone.norm.weight', 'backbone.') == (4, 5)
+    assert model.get_layer_depth('decode_head.conv_seg.weight', 'backbone.') == (4, 5)
+
+
+def test_frozen_stages():
+    model = VisionTransformer(TINY, family='deit', img_size=32, patch_size=8, frozen_stages=2)
+    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+    assert 'pos_embed' in frozen and 'blocks.1.attn.qkv.weight' in frozen
+    assert 'blocks.2.attn.qkv.weight' not in frozen
+    model.train()
+    assert not model.blocks[0].training and model.blocks[2].training
+
+
+def test_arch_zoo_sizes_build_on_meta_device():
+    with torch.device('meta'):
+        for family, sizes in FAMILY_SIZES.items():
+            for size in sizes:
+                model = VisionTransformer(size, family=family)
+                assert model.embed_dims == VIT_SIZES[size]['embed_dims']
+    with torch.device('meta'):
+        giant = VisionTransformer('g', family='dinov2')
+    assert giant.blocks[0].mlp.fc1.weight.shape == (2 * 4096, 1536)
+
+
+def test_bad_configs_fail_clearly():
+    with pytest.raises(KeyError, match='available'):
+        VisionTransformer('xxl')
+    with pytest.raises(KeyError, match='Registered attention operators'):
+        VisionTransformer(TINY, attn_cfg='no_such_operator')
+    with pytest.raises(ValueError, match='avg_featmap'):
+        VisionTransformer(TINY, with_cls_token=False, out_type='cls_token')
+    with pytest.raises(IndexError):
+        VisionTransformer(TINY, out_indices=[7])

@@ -1,0 +1,63 @@
+"""DistillLossScheduleHook: switches off / ramps distillation terms inside a Runner."""
+import os.path as osp
+
+import pytest
+from mmengine.config import Config
+from mmengine.runner import Runner
+
+from mmlinvit.engine.hooks import DistillLossScheduleHook
+
+from distill_testing import CONFIGS, LossRecorderHook, shrink_config, write_image_folder
+
+
+def test_factor_switch_and_ramp():
+    switch = DistillLossScheduleHook('attn_out', begin=3)
+    assert [switch.factor(t) for t in (0, 2, 3, 10)] == [1.0, 1.0, 0.0, 0.0]
+    ramp = DistillLossScheduleHook(['a', 'b'], begin=2, end=6, start_factor=0.0, end_factor=1.0)
+    assert [ramp.factor(t) for t in (0, 2, 3, 4, 6, 9)] == [0.0, 0.0, 0.25, 0.5, 1.0, 1.0]
+    with pytest.raises(ValueError, match='begin <= end'):
+        DistillLossScheduleHook('a', begin=5, end=2)
+
+
+def _stage1_cfg(tmp_path, custom_hooks):
+    cfg = Config.fromfile(osp.join(CONFIGS, 'adala/vit-adala_stage1_attn-align_dinov2-l_coco-512.py'))
+    data = write_image_folder(str(tmp_path / 'data'), num_per_class=2)
+    shrink_config(cfg, data, str(tmp_path / 'work'), max_epochs=2)
+    cfg.custom_hooks = custom_hooks
+    return cfg
+
+
+def test_hook_stops_a_term_at_an_iteration(tmp_path):
+    cfg = _stage1_cfg(tmp_path, [dict(type='mmlinvit.DistillLossScheduleHook', terms='attn_out',
+                                      begin=2, start_factor=1.0, end_factor=0.0)])
+    runner = Runner.from_cfg(cfg)
+    recorder = LossRecorderHook()
+    runner.register_hook(recorder)
+    runner.train()
+    steps = recorder.history  # 4 images, batch 2, 2 epochs
+    assert [s['iter'] for s in steps] == [0, 1, 2, 3]
+    for step in steps:
+        index = step['iter']
+        assert step['distill.gap_attn_out'] > 0
+        if index < 2:
+            assert step['distill.loss_attn_out'] == pytest.approx(step['distill.gap_attn_out'])
+        else:
+            assert step['distill.loss_attn_out'] == 0.0 and step['loss'] == 0.0
+
+
+def test_hook_ramps_by_epoch_and_rejects_unknown_terms(tmp_path):
+    cfg = _stage1_cfg(tmp_path, [dict(type='mmlinvit.DistillLossScheduleHook', terms=['attn_out'],
+                                      by_epoch=True, begin=0, end=2, start_factor=0.5,
+                                      end_factor=1.0)])
+    runner = Runner.from_cfg(cfg)
+    recorder = LossRecorderHook()
+    runner.register_hook(recorder)
+    runner.train()
+    ratios = [s['distill.loss_attn_out'] / s['distill.gap_attn_out'] for s in recorder.history]
+    assert ratios[:2] == pytest.approx([0.5] * 2) and ratios[2:] == pytest.approx([0.75] * 2)
+
+    cfg = _stage1_cfg(tmp_path / 'bad', [dict(type='mmlinvit.DistillLossScheduleHook',
+                                              terms='attn', begin=1)])
+    runner = Runner.from_cfg(cfg)
+    with pytest.raises(KeyError, match=r"Unknown distill term 'attn'.*attn_out"):
+        runner.train()

@@ -1,0 +1,134 @@
+"""Every recipe config builds and trains a few iterations through ``Runner.from_cfg``.
+
+The AdaLA stages are chained as in real use: Stage 2 starts from the Stage-1 checkpoint
+(``load_from``), Stage 3 loads the ``student.*`` keys of the Stage-2 checkpoint.
+"""
+import math
+import os.path as osp
+
+import pytest
+import torch
+from mmengine.config import Config
+from mmengine.runner import Runner
+
+from distill_testing import (CONFIGS, RECIPE_CONFIGS, LossRecorderHook, save_tiny_vit_checkpoint,
+                             shrink_config, tiny_arch, write_image_folder)
+
+
+@pytest.fixture(scope='module')
+def assets(tmp_path_factory):
+    root = tmp_path_factory.mktemp('distill_recipes')
+    data = write_image_folder(str(root / 'data'), num_per_class=2)
+    ckpts = dict(
+        dinov2=save_tiny_vit_checkpoint(str(root / 'dinov2_tiny.pth'), family='dinov2'),
+        deit=save_tiny_vit_checkpoint(str(root / 'deit_tiny.pth'), family='deit', seed=1),
+        clip=save_tiny_vit_checkpoint(str(root / 'clip_tiny.pth'), family='clip', seed=2,
+                                      arch=tiny_arch(embed_dims=24)),
+    )
+    return dict(root=root, data=data, ckpts=ckpts, work_dirs={})
+
+
+def run_recipe(name, assets, **shrink_kwargs):
+    cfg = Config.fromfile(osp.join(CONFIGS, name))
+    work_dir = str(assets['root'] / osp.splitext(osp.basename(name))[0])
+    shrink_config(cfg, assets['data'], work_dir, **shrink_kwargs)
+    runner = Runner.from_cfg(cfg)
+    recorder = LossRecorderHook()
+    runner.register_hook(recorder)
+    runner.train()
+    assets['work_dirs'][name] = work_dir
+    assert recorder.history, 'no training iteration ran'
+    for step in recorder.history:
+        assert all(math.isfinite(v) for v in step.values()), step
+    ckpt = torch.load(osp.join(work_dir, 'epoch_1.pth'), map_location='cpu', weights_only=False)
+    assert not any(k.startswith('teacher.') for k in ckpt['state_dict'])
+    return runner, recorder.history, ckpt
+
+
+def test_adala_stage1(assets):
+    ckpts = assets['ckpts']
+    runner, history, ckpt = run_recipe(RECIPE_CONFIGS[0], assets, student_ckpt=ckpts['dinov2'],
+                                       teacher_ckpt=ckpts['dinov2'])
+    assert {'distill.loss_attn_out', 'distill.gap_attn_out'} <= set(history[0])
+    # only the attention weights moved away from the DINOv2 initialisation
+    init = torch.load(ckpts['dinov2'])
+    state = ckpt['state_dict']
+    assert not torch.equal(state['student.blocks.0.attn.qkv.weight'], init['blocks.0.attn.qkv.weight'])
+    assert torch.equal(state['student.blocks.0.mlp.fc1.weight'], init['blocks.0.mlp.fc1.weight'])
+    assert torch.equal(state['student.patch_embed.proj.weight'], init['patch_embed.proj.weight'])
+
+
+def test_adala_stage2_starts_from_stage1(assets):
+    stage1_dir = assets['work_dirs'].get(RECIPE_CONFIGS[0])
+    if stage1_dir is None:
+        pytest.skip('needs test_adala_stage1')
+    stage1 = osp.join(stage1_dir, 'epoch_1.pth')
+    cfg_overrides = dict(teacher_ckpt=assets['ckpts']['dinov2'])
+    cfg = Config.fromfile(osp.join(CONFIGS, RECIPE_CONFIGS[1]))
+    assert cfg.load_from.endswith('epoch_4.pth')
+    # re-run with the tiny Stage-1 checkpoint as load_from
+    name = RECIPE_CONFIGS[1]
+    work_dir = str(assets['root'] / 'stage2')
+    shrink_config(cfg, assets['data'], work_dir, **cfg_overrides)
+    cfg.load_from = stage1
+    runner = Runner.from_cfg(cfg)
+    recorder = LossRecorderHook()
+    runner.register_hook(recorder)
+    stage1_state = torch.load(stage1, map_location='cpu', weights_only=False)['state_dict']
+    runner.train()
+    assets['work_dirs'][name] = work_dir
+    assert {'distill.loss_feat', 'distill.gap_feat'} <= set(recorder.history[0])
+    # the first step's student is the Stage-1 student: its final features differ from the
+    # teacher's (no longer identical weights), and everything trains in Stage 2
+    state = torch.load(osp.join(work_dir, 'epoch_1.pth'), map_location='cpu',
+                       weights_only=False)['state_dict']
+    moved = [k for k in state if not torch.equal(state[k], stage1_state[k])]
+    assert any('mlp' in k for k in moved) and any('attn' in k for k in moved)
+
+
+@pytest.mark.parametrize('name', RECIPE_CONFIGS[2:4])
+def test_adala_stage3_loads_the_stage2_student(assets, name):
+    stage2_dir = assets['work_dirs'].get(RECIPE_CONFIGS[1])
+    if stage2_dir is None:
+        pytest.skip('needs test_adala_stage2_starts_from_stage1')
+    stage2 = osp.join(stage2_dir, 'epoch_1.pth')
+    runner, history, ckpt = run_recipe(name, assets, student_ckpt=stage2)
+    stage2_state = torch.load(stage2, map_location='cpu', weights_only=False)['state_dict']
+    state = ckpt['state_dict']
+    assert 'student.loss' not in history[0] and 'loss' in history[0]
+    frozen = 'frozen' in name
+    same = torch.equal(state['backbone.blocks.1.attn.qkv.weight'],
+                       stage2_state['student.blocks.1.attn.qkv.weight'])
+    assert same == frozen
+    if frozen:
+        for key, value in state.items():
+            if key.startswith('backbone.'):
+                assert torch.equal(value, stage2_state['student.' + key[len('backbone.'):]]), key
+
+
+@pytest.mark.parametrize('name', RECIPE_CONFIGS[4:8])
+def test_copy_mlp_distill_attn(assets, name):
+    runner, history, ckpt = run_recipe(name, assets, teacher_ckpt=assets['ckpts']['deit'])
+    with_distill = '_distill-attn_' in name
+    assert 'student.loss' in history[0]
+    assert ('distill.loss_attn_out' in history[0]) == with_distill
+    if with_distill:
+        assert history[0]['loss'] == pytest.approx(
+            history[0]['student.loss'] + history[0]['distill.loss_attn_out'], rel=1e-5)
+    # MLPCopy: the MLP of the (never trained) teacher checkpoint was the starting point
+    report = runner.model.transfer_report
+    assert 'blocks.0.mlp.fc1.weight' in report.copied
+    assert 'blocks.0.attn.qkv.weight' not in report.copied
+    assert 'student.head.fc.weight' in ckpt['state_dict']
+    # validation ran through the student (predict delegation)
+    assert any(k.startswith('val/accuracy') for k in runner.message_hub.log_scalars)
+
+
+def test_linearizer(assets):
+    runner, history, ckpt = run_recipe(RECIPE_CONFIGS[8], assets, teacher_ckpt=assets['ckpts']['clip'],
+                                       teacher_width=24)
+    assert {'distill.loss_act', 'distill.loss_mask', 'distill.gap_act',
+            'distill.gap_mask'} <= set(history[0])
+    state = ckpt['state_dict']
+    assert state['connectors.proj.proj.weight'].shape == (24, 16)
+    assert 'mask_token' in state and int(state['mask_step']) == len(history)

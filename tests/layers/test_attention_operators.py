@@ -1,0 +1,322 @@
+"""The linear attention operator zoo: O(N) paths vs O(N^2) references, maps, TTT, backbone use."""
+import pytest
+import torch
+
+from mmlinvit.backbones import LinearVisionTransformer, VisionTransformer
+from mmlinvit.layers.attention import ATTENTION_OPERATORS, build_attention_operator
+from mmlinvit.layers.attention.grid import depthwise_conv2d, depthwise_conv2d_reference
+from mmlinvit.layers.attention.mhla import block_centre_mixing, patch_block_index
+
+C, HEADS = 32, 4  # head_dims 8
+
+OPERATOR_CFGS = {
+    'elu': dict(type='elu'),
+    'relu': dict(type='relu'),
+    'hedgehog': dict(type='hedgehog', feature_dims=8),
+    'hedgehog_shared': dict(type='hedgehog', feature_dims=5, share_feature_map=True),
+    'identity': dict(type='identity'),
+    'inline': dict(type='inline'),
+    'inline_local': dict(type='inline', local_residual=True),
+    'mhla': dict(type='mhla'),
+    'mhla_per_head_2x3': dict(type='mhla', per_head_mixing=True, block_grid=(2, 3)),
+    'ttt': dict(type='ttt'),
+    'ttt_mse_wide': dict(type='ttt', inner_loss='mse', inner_hidden_dims=12),
+    'ttt_no_conv': dict(type='ttt', conv_branch=False),
+}
+# (hw_shape, num_prefix_tokens): odd / ragged token counts, non-square grids, prefix tokens.
+GRIDS = [((3, 5), 0), ((3, 5), 1), ((4, 7), 2), ((5, 4), 1), ((1, 1), 1)]
+
+
+def build(name: str) -> torch.nn.Module:
+    """An operator in eval mode with its extra parameters moved away from their init."""
+    op = build_attention_operator(OPERATOR_CFGS[name], C, HEADS).eval()
+    with torch.no_grad():
+        for pname, p in op.named_parameters():
+            if pname.startswith(('qkv.', 'proj.')):
+                continue
+            if pname == 'block_mixing':  # keep the mixing positive (a valid attention)
+                p.add_(0.3 * torch.rand_like(p))
+            else:
+                p.add_(0.2 * torch.randn_like(p))
+    return op
+
+
+def condition_identity(op: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The identity map's normaliser q_i.mean(k) must be far from 0 for a 1e-5 comparison
+    (it is ill-conditioned by design): share q/k weights and give the tokens a common mean."""
+    with torch.no_grad():
+        op.qkv.weight[C:2 * C] = op.qkv.weight[:C]
+        op.qkv.bias[C:2 * C] = op.qkv.bias[:C]
+    return x + 3.0
+
+
+# ---------------------------------------------------------------------- O(N) vs O(N^2)
+@pytest.mark.parametrize('hw,prefix', GRIDS)
+@pytest.mark.parametrize('name', sorted(OPERATOR_CFGS))
+def test_linear_path_matches_quadratic_reference(name, hw, prefix):
+    op = build(name)
+    x = torch.randn(2, hw[0] * hw[1] + prefix, C)
+    if name == 'identity':
+        x = condition_identity(op, x)
+    with torch.no_grad():
+        out = op(x, hw, prefix)
+        ref = op.forward_reference(x, hw, prefix)
+    assert out.shape == x.shape
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('name', sorted(OPERATOR_CFGS))
+def test_gradients_reach_every_parameter(name):
+    op = build(name).train()
+    hw, prefix = (3, 5), 1
+    x = torch.randn(2, 16, C, requires_grad=True)
+    op(x, hw, prefix).square().mean().backward()
+    assert x.grad is not None and x.grad.abs().sum() > 0
+    for pname, p in op.named_parameters():
+        assert p.grad is not None, f'{name}: no gradient for {pname}'
+        assert torch.isfinite(p.grad).all(), f'{name}: non-finite gradient for {pname}'
+        assert p.grad.abs().sum() > 0, f'{name}: zero gradient for {pname}'
+
+
+# ---------------------------------------------------------------------- precision / safety
+@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize('name', sorted(OPERATOR_CFGS))
+def test_low_precision_inputs_accumulate_in_fp32(name, dtype):
+    """Sums over 257 tokens of k^T v reach ~1e5 (> fp16 max): only fp32 accumulation survives."""
+    op = build(name)
+    hw, prefix = (16, 16), 1
+    n = hw[0] * hw[1] + prefix
+    q = (0.5 + 0.1 * torch.rand(2, HEADS, n, C // HEADS)).to(dtype)
+    k = (3.0 + torch.rand(2, HEADS, n, C // HEADS)).to(dtype)
+    v = (100.0 + torch.rand(2, HEADS, n, C // HEADS)).to(dtype)
+    out = op.mix(q, k, v, hw, prefix)
+    ref = op.mix(q.float(), k.float(), v.float(), hw, prefix)
+    assert out.dtype == dtype
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2e-2 * ref.abs().max().item())
+
+
+@pytest.mark.parametrize('name', sorted(OPERATOR_CFGS))
+def test_bfloat16_module_forward_is_finite(name):
+    op = build(name).to(torch.bfloat16)
+    hw, prefix = (3, 5), 1
+    x = torch.randn(2, 16, C)
+    if name == 'identity':
+        x = condition_identity(op, x)
+    out = op(x.to(torch.bfloat16), hw, prefix)
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+    ref = op.float()(x, hw, prefix)
+    torch.testing.assert_close(out.float(), ref, rtol=0.1, atol=0.1 * ref.abs().max().item())
+
+
+@pytest.mark.parametrize('name', ['relu', 'mhla'])
+def test_relu_all_negative_queries_stay_finite(name):
+    op = build(name)
+    hw, prefix = (3, 5), 1
+    shape = (2, HEADS, 16, C // HEADS)
+    q, k, v = -torch.rand(shape) - 0.1, torch.randn(shape), torch.randn(shape)
+    out = op.mix(q, k, v, hw, prefix)
+    assert torch.isfinite(out).all()
+    if name == 'relu':  # phi(q) == 0: numerator and normaliser vanish, output is exactly 0
+        assert out.abs().max() == 0
+
+
+def test_identity_normaliser_never_divides_by_zero():
+    op = build_attention_operator('identity', C, HEADS)
+    shape = (1, HEADS, 6, C // HEADS)
+    k = torch.randn(shape)
+    k = torch.cat([k[:, :, :3], -k[:, :, :3]], dim=2)  # mean(k) == 0 exactly -> q.kbar == 0
+    out = op.mix(torch.randn(shape), k, torch.randn(shape), None, 0)
+    assert torch.isfinite(out).all()
+
+
+# ---------------------------------------------------------------------- maps
+@pytest.mark.parametrize('hw,prefix', GRIDS)
+def test_inline_rows_sum_to_one_and_can_be_negative(hw, prefix):
+    op = build('inline')
+    attn = op.attention_map(torch.randn(2, hw[0] * hw[1] + prefix, C), hw, prefix)
+    torch.testing.assert_close(attn.sum(-1), torch.ones(attn.shape[:-1]), rtol=0, atol=1e-5)
+    if attn.shape[-1] >= 8:  # signed: some weights are negative
+        assert attn.min() < 0
+
+
+@pytest.mark.parametrize('per_head', [False, True])
+@pytest.mark.parametrize('hw,prefix', [((14, 14), 0), ((7, 5), 0), ((5, 7), 1), ((1, 3), 0),
+                                       ((9, 4), 2), ((2, 2), 0)])
+def test_mhla_rows_sum_to_one(hw, prefix, per_head):
+    op = build_attention_operator(dict(type='mhla', per_head_mixing=per_head), C, HEADS)
+    with torch.no_grad():
+        op.block_mixing.add_(0.5 * torch.rand_like(op.block_mixing))
+        # Shift the queries so phi(q_i).z is far above eps (otherwise rows sum to
+        # den / (den + eps), and to 0 where all ReLU features of q_i vanish).
+        op.qkv.bias[:C] += 1.0
+    attn = op.attention_map(torch.randn(2, hw[0] * hw[1] + prefix, C), hw, prefix)
+    torch.testing.assert_close(attn.sum(-1), torch.ones(attn.shape[:-1]), rtol=0, atol=1e-5)
+    assert attn.min() >= 0
+
+
+def test_mhla_identity_mixing_is_block_local():
+    op = build_attention_operator('mhla', C, HEADS)
+    with torch.no_grad():
+        op.block_mixing.copy_(torch.eye(4))
+    hw = (5, 6)
+    attn = op.attention_map(torch.randn(1, 30, C), hw, 0)
+    block = patch_block_index(hw, (2, 2))
+    outside = block[:, None] != block[None, :]
+    assert attn[..., outside].abs().max() == 0
+    assert attn[..., ~outside].min() >= 0
+
+
+def test_mhla_normaliser_is_invariant_to_row_scaling_of_the_mixing():
+    """out_i = phi(q_i) sum_b m_ab KV_b / phi(q_i) sum_b m_ab z_b: scaling row a of m by c_a > 0
+    cancels.  The public code (mixing the per-query normalisers) does not have this property."""
+    op = build('mhla')
+    op.local_conv = None  # attention term only
+    op.eps = 1e-12  # isolate the normaliser from the epsilon
+    hw = (6, 6)
+    q, k, v = (torch.randn(2, HEADS, 36, C // HEADS) for _ in range(3))
+    q = q.abs() + 0.1  # phi(q) > 0 everywhere
+    base = op.mix(q, k, v, hw, 0)
+    with torch.no_grad():
+        op.block_mixing.mul_(torch.tensor([0.5, 2.0, 3.0, 7.0])[:, None])
+    torch.testing.assert_close(op.mix(q, k, v, hw, 0), base, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize('hw,blocks,sizes', [((14, 14), (2, 2), [49] * 4),
+                                             ((5, 7), (2, 2), [6, 8, 9, 12]),
+                                             ((1, 3), (2, 2), [0, 0, 1, 2])])
+def test_mhla_block_split_any_grid(hw, blocks, sizes):
+    block = patch_block_index(hw, blocks)
+    assert torch.bincount(block, minlength=4).tolist() == sizes
+
+
+def test_mhla_mixing_init_from_block_centre_distance():
+    m = block_centre_mixing((2, 2))
+    torch.testing.assert_close(m.sum(-1), torch.ones(4))
+    # 2 x 2 blocks: distances 0, 1, 1, sqrt(2) from block 0 -> softmax(-d)
+    expected = torch.tensor([0.0, 1.0, 1.0, 2.0**0.5]).neg().softmax(-1)
+    torch.testing.assert_close(m[0], expected)
+    off_diagonal = m - torch.diag(m.diagonal())
+    assert (m.diagonal() > off_diagonal.max(dim=-1).values).all()
+
+
+def test_depthwise_conv_matches_shift_reference():
+    x = torch.randn(2, 6, 4, 5)
+    for weight in (torch.randn(6, 5, 5), torch.randn(2, 6, 3, 3)):
+        bias = torch.randn(6)
+        torch.testing.assert_close(depthwise_conv2d(x, weight, bias),
+                                   depthwise_conv2d_reference(x, weight, bias))
+
+
+# ---------------------------------------------------------------------- TTT
+@pytest.mark.parametrize('cfg', [dict(), dict(inner_loss='mse'), dict(inner_hidden_dims=12)])
+def test_ttt_inner_gradient_matches_autograd(cfg):
+    op = build_attention_operator(dict(type='ttt', **cfg), C, HEADS)
+    with torch.no_grad():
+        for p in (op.inner_w1, op.inner_w2, op.inner_w3, op.conv_inner_weight):
+            p.add_(0.3 * torch.randn_like(p))
+    k, v = torch.randn(3, HEADS, 11, C // HEADS), torch.randn(3, HEADS, 11, C // HEADS)
+    weights = op.inner_weights()
+    closed = op.swiglu_inner_gradients(k, v, *weights)
+    # direct autograd of the inner loss, sample by sample and head by head
+    for b in range(3):
+        for h in range(HEADS):
+            ws = [w[h].detach().clone().requires_grad_(True) for w in weights]
+            loss = op.swiglu_inner_loss(k[b:b + 1, h:h + 1], v[b:b + 1, h:h + 1],
+                                        *[w.unsqueeze(0) for w in ws])
+            direct = torch.autograd.grad(loss.sum(), ws)
+            for g_closed, g_direct in zip(closed, direct):
+                torch.testing.assert_close(g_closed[b, h], g_direct, rtol=1e-5, atol=1e-6)
+    kg, vg = torch.randn(3, C // HEADS, 4, 5), torch.randn(3, C // HEADS, 4, 5)
+    weight = op.conv_inner_weight.detach().clone()
+    closed_conv = op.conv_inner_gradient(kg, vg, weight)
+    for b in range(3):
+        w = weight.clone().requires_grad_(True)
+        (direct, ) = torch.autograd.grad(op.conv_inner_loss(kg[b:b + 1], vg[b:b + 1], w).sum(), w)
+        torch.testing.assert_close(closed_conv[b], direct, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize('training', [False, True])
+def test_ttt_resets_per_sample(training):
+    op = build('ttt').train(training)
+    hw, prefix = (3, 5), 1
+    x = torch.randn(3, 16, C)
+    out = op(x, hw, prefix)
+    other = x.clone()
+    other[1:] = 5.0 * torch.randn(2, 16, C)
+    torch.testing.assert_close(op(other, hw, prefix)[0], out[0])
+    torch.testing.assert_close(op(x[2:], hw, prefix)[0], out[2])
+    torch.testing.assert_close(op(x, hw, prefix), out)  # no state kept across calls
+    assert not op.has_attention_map and not op.has_qk_form
+    with pytest.raises(NotImplementedError):
+        op.attention_map(x, hw, prefix)
+
+
+def test_ttt_inner_step_changes_the_inner_model():
+    op = build_attention_operator('ttt', C, HEADS)
+    q, k, v = (torch.randn(1, HEADS, 9, C // HEADS) for _ in range(3))
+    untrained = op.swiglu_apply(q, *op.inner_weights())
+    assert (op.mix(q, k, v, (3, 3), 0) - untrained).abs().max() > 1e-3
+
+
+# ---------------------------------------------------------------------- errors / registry
+def test_unknown_operator_lists_registered_names():
+    with pytest.raises(KeyError) as err:
+        build_attention_operator('not_an_operator', C, HEADS)
+    for name in ('elu', 'relu', 'hedgehog', 'identity', 'inline', 'mhla', 'ttt', 'softmax'):
+        assert name in str(err.value)
+    with pytest.raises(KeyError, match='mhla'):
+        VisionTransformer(dict(embed_dims=C, num_layers=1, num_heads=HEADS, mlp_hidden_dims=C),
+                          attn_cfg='not_an_operator')
+
+
+@pytest.mark.parametrize('name', ['mhla', 'ttt', 'inline_local'])
+def test_spatial_operators_need_a_matching_grid(name):
+    op = build(name)
+    x = torch.randn(1, 16, C)
+    with pytest.raises(ValueError, match='hw_shape'):
+        op(x, None, 1)
+    with pytest.raises(ValueError, match='imply'):
+        op(x, (4, 4), 1)
+
+
+# ---------------------------------------------------------------------- backbone
+TINY = dict(embed_dims=64, num_layers=2, num_heads=2, mlp_hidden_dims=128)
+
+
+@pytest.mark.parametrize('attn', sorted(set(ATTENTION_OPERATORS.names) - {'softmax'}) +
+                         ['hybrid'])
+def test_operators_plug_into_vision_transformer(attn):
+    spatial_no_cls = attn in ('mhla', 'ttt')
+    kwargs = (dict(pos_embed_type='sincos', with_cls_token=False, out_type='avg_featmap')
+              if spatial_no_cls else dict(out_type='cls_token'))
+    attn_cfg = ['softmax', 'elu'] if attn == 'hybrid' else attn
+    model = VisionTransformer(TINY, family='deit', img_size=32, patch_size=8, attn_cfg=attn_cfg,
+                              **kwargs)
+    teacher = VisionTransformer(TINY, family='deit', img_size=32, patch_size=8, **kwargs)
+    missing, unexpected = model.load_state_dict(teacher.state_dict(), strict=False)
+    assert not unexpected  # every softmax checkpoint key has a home
+    assert all(key.split('.')[2] == 'attn' for key in missing), missing
+    out = model(torch.randn(2, 3, 32, 40))[0]  # 4 x 5 grid
+    assert out.shape == (2, 64) and torch.isfinite(out).all()
+    out.square().mean().backward()
+    assert model.blocks[0].attn.qkv.weight.grad is not None
+
+
+def test_linear_vision_transformer_defaults_to_elu_and_loads_softmax_weights():
+    student = LinearVisionTransformer(TINY, family='deit', img_size=32, patch_size=8)
+    assert all(cfg == 'elu' for cfg in student.attn_cfgs)
+    assert all(type(blk.attn) is ATTENTION_OPERATORS.get('elu') for blk in student.blocks)
+    teacher = VisionTransformer(TINY, family='deit', img_size=32, patch_size=8)
+    student.load_state_dict(teacher.state_dict(), strict=True)
+    assert isinstance(student.blocks[0].attn, ATTENTION_OPERATORS.get('elu'))
+    assert student(torch.randn(1, 3, 32, 32))[0].shape == (1, 64)
+
+
+def test_ttt_extra_init_survives_backbone_init():
+    model = VisionTransformer(TINY, family='deit', img_size=32, patch_size=8, attn_cfg='ttt',
+                              pos_embed_type='sincos', with_cls_token=False,
+                              out_type='avg_featmap')
+    attn = model.blocks[0].attn
+    assert isinstance(attn, ATTENTION_OPERATORS.get('ttt'))
+    torch.testing.assert_close(attn.inner_w3, torch.eye(32).expand(2, 32, 32))

@@ -1,0 +1,248 @@
+"""Triton linear attention kernels against the PyTorch references (forward and gradients).
+
+With a GPU the compiled kernels are tested on CUDA tensors.  Without one they run in the
+Triton CPU interpreter, which needs ``TRITON_INTERPRET=1`` in the environment *before triton is
+imported* and while the kernels run (triton decorates its own library at import).  This module
+sets it when triton is not imported yet; when something else (e.g. timm -> torch._dynamo)
+already imported triton without it, the kernel tests are re-run in a fresh interpreter
+subprocess by :func:`test_kernels_in_interpreter_subprocess`.  Sizes are tiny (B=1, H<=2).
+"""
+import importlib
+import importlib.util
+import logging
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import List, Tuple
+
+import pytest
+import torch
+
+_HAS_TRITON = importlib.util.find_spec('triton') is not None
+_ON_GPU = torch.cuda.is_available()
+if _HAS_TRITON and not _ON_GPU and 'triton' not in sys.modules:
+    os.environ['TRITON_INTERPRET'] = '1'
+_RUN_HERE = _HAS_TRITON and (_ON_GPU or os.environ.get('TRITON_INTERPRET') == '1')
+
+from mmlinvit.ops.feature_maps import get_feature_map  # noqa: E402
+from mmlinvit.ops.linear_attention import (BACKEND_ENV_VAR, inline_attention,  # noqa: E402
+                                           inline_attention_torch, linear_attention,
+                                           linear_attention_torch, select_backend)
+from mmlinvit.ops.linear_attention import dispatch  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not _HAS_TRITON, reason='triton is not installed')
+run_here = pytest.mark.skipif(
+    not _RUN_HERE, reason='triton was imported without TRITON_INTERPRET=1 and there is no GPU; '
+    'covered by test_kernels_in_interpreter_subprocess')
+
+
+@pytest.mark.skipif(_RUN_HERE, reason='kernel tests run in this process')
+def test_kernels_in_interpreter_subprocess():
+    env = dict(os.environ, TRITON_INTERPRET='1')
+    root = Path(__file__).resolve().parents[2]
+    env['PYTHONPATH'] = os.pathsep.join(filter(None, [str(root), env.get('PYTHONPATH')]))
+    proc = subprocess.run(
+        [sys.executable, '-m', 'pytest', str(Path(__file__).resolve()), '-q', '-x',
+         '-p', 'no:cacheprovider'], cwd=root, env=env, capture_output=True, text=True,
+        timeout=600)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    summary = proc.stdout.strip().splitlines()[-1]
+    skipped = re.search(r'(\d+) skipped', summary)
+    # Only this launcher itself may be skipped in the child.
+    assert ' passed' in summary and (skipped is None or skipped.group(1) == '1'), summary
+
+
+@pytest.fixture(scope='module')
+def kernels() -> Tuple[ModuleType, torch.device]:
+    """The fused module and the device its kernels run on (CPU = interpreter)."""
+    fused = importlib.import_module('mmlinvit.ops.linear_attention.fused')
+    return fused, torch.device('cpu' if fused.INTERPRETED else 'cuda')
+
+
+@pytest.fixture
+def interpreter_env(monkeypatch, kernels):
+    """Lets dispatch force 'triton' on CPU tensors when the kernels are interpreted."""
+    fused, device = kernels
+    if fused.INTERPRETED:
+        monkeypatch.setenv('TRITON_INTERPRET', '1')
+    return device
+
+
+def _qkv(n: int, m: int, d: int, e: int, device: torch.device, heads: int = 2,
+         dtype: torch.dtype = torch.float32):
+    q = torch.randn(1, heads, n, d, device=device).to(dtype).requires_grad_()
+    k = torch.randn(1, heads, m, d, device=device).to(dtype).requires_grad_()
+    v = torch.randn(1, heads, m, e, device=device).to(dtype).requires_grad_()
+    return q, k, v
+
+
+def _reference(q, k, v, feature_map: str, eps: float = 1e-6):
+    phi = get_feature_map(feature_map)
+    return linear_attention_torch(phi(q.float()), phi(k.float()), v, eps)
+
+
+def _check(out, ref, inputs, ref_inputs, atol: float, rtol: float) -> None:
+    grad = torch.randn_like(ref)
+    torch.testing.assert_close(out.float(), ref.float(), atol=atol, rtol=rtol)
+    got = torch.autograd.grad(out, inputs, grad.to(out.dtype), retain_graph=True)
+    want = torch.autograd.grad(ref, ref_inputs, grad)
+    for name, a, b in zip('qkv', got, want):
+        assert a.dtype == b.dtype, name
+        torch.testing.assert_close(a.float(), b.float(), atol=atol, rtol=rtol, msg=name)
+
+
+@pytest.mark.parametrize('n', [1, 63, 197, 1025])
+@run_here
+def test_elu_forward_and_gradients_ragged(kernels, n):
+    fused, device = kernels
+    q, k, v = _qkv(n, n, 64, 64, device, heads=2 if n < 1025 else 1)
+    out = fused.fused_linear_attention(q, k, v, 'elu')
+    _check(out, _reference(q, k, v, 'elu'), (q, k, v), (q, k, v), 1e-5, 1e-4)
+
+
+@pytest.mark.parametrize('feature_map,n,m,d,e', [
+    ('elu', 63, 197, 16, 16),
+    ('elu', 197, 63, 48, 40),
+    ('relu', 197, 197, 128, 128),
+    ('relu', 63, 63, 24, 72),
+    ('identity', 197, 130, 64, 48),
+])
+@run_here
+def test_feature_maps_and_head_dims(kernels, feature_map, n, m, d, e):
+    fused, device = kernels
+    q, k, v = _qkv(n, m, d, e, device, heads=1)
+    if feature_map == 'identity':
+        # Pre-mapped features (as a Hedgehog caller passes them): mixed signs, positive mean.
+        qi, ki = 0.5 * q + 1.0, 0.5 * k + 1.0
+        out = fused.fused_linear_attention(qi, ki, v, 'identity')
+        ref = _reference(qi, ki, v, 'identity')
+    else:
+        out = fused.fused_linear_attention(q, k, v, feature_map)
+        ref = _reference(q, k, v, feature_map)
+    _check(out, ref, (q, k, v), (q, k, v), 1e-5, 1e-4)
+
+
+@run_here
+def test_relu_zero_features_stay_finite(kernels):
+    fused, device = kernels
+    q, k, v = _qkv(70, 70, 32, 32, device, heads=1)
+    q_neg = -q.abs() - 0.1  # relu(q) == 0: numerator and normaliser are 0, eps protects
+    out = fused.fused_linear_attention(q_neg, k, v, 'relu')
+    ref = _reference(q_neg, k, v, 'relu')
+    assert torch.isfinite(out).all() and torch.count_nonzero(out) == 0
+    _check(out, ref, (q, k, v), (q, k, v), 1e-5, 1e-4)
+
+
+@pytest.mark.parametrize('n,m,d', [(63, 63, 48), (1025, 1025, 64), (1, 5, 16)])
+@run_here
+def test_inline_forward_and_gradients(kernels, n, m, d):
+    fused, device = kernels
+    q, k, v = _qkv(n, m, d, d, device, heads=1)
+    out = fused.fused_inline_attention(q, k, v, d**-0.5)
+    _check(out, inline_attention_torch(q, k, v, d**-0.5), (q, k, v), (q, k, v), 1e-5, 1e-4)
+
+
+@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
+@run_here
+def test_half_precision_inputs(kernels, dtype):
+    fused, device = kernels
+    q, k, v = _qkv(197, 197, 64, 64, device, dtype=dtype)
+    out = fused.fused_linear_attention(q, k, v, 'elu')
+    assert out.dtype == dtype
+    ref = _reference(q, k, v, 'elu')  # fp32 math on the same 16-bit inputs, rounded to dtype
+    tol = 1e-2 if dtype == torch.float16 else 2e-2
+    if dtype == torch.float16:
+        _check(out, ref, (q, k, v), (q, k, v), tol, tol)
+    else:  # bf16: forward only (the interpreter has to upcast before every tl.dot)
+        torch.testing.assert_close(out.float(), ref.float(), atol=tol, rtol=tol)
+
+
+@run_here
+def test_fp16_sums_do_not_overflow(kernels):
+    fused, device = kernels
+    n = 1025  # an fp16 sum of phi(k) v = 6 * 30 over 1025 tokens would overflow
+    q = torch.full((1, 1, 4, 16), 5.0, dtype=torch.float16, device=device)
+    k = torch.full((1, 1, n, 16), 5.0, dtype=torch.float16, device=device)
+    v = torch.full((1, 1, n, 8), 30.0, dtype=torch.float16, device=device)
+    out = fused.fused_linear_attention(q, k, v, 'elu')
+    torch.testing.assert_close(out.float(), torch.full_like(out, 30.0).float(), atol=0.0,
+                               rtol=1e-3)
+
+
+@run_here
+def test_strided_views_and_mixed_requires_grad(kernels):
+    fused, device = kernels
+    qkv = torch.randn(1, 97, 3, 2, 32, device=device, requires_grad=True)  # (B, N, 3, H, d)
+    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+    grad = torch.randn(1, 97, 2, 32, device=device).transpose(1, 2)  # non-contiguous grad
+    out = fused.fused_linear_attention(q, k, v, 'elu')
+    (got, ) = torch.autograd.grad(out, qkv, grad)
+    (want, ) = torch.autograd.grad(_reference(q, k, v, 'elu'), qkv, grad)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+
+
+@run_here
+def test_kernel_rejects_unsupported_inputs(kernels):
+    fused, device = kernels
+    q, k, v = _qkv(8, 8, 16, 16, device, heads=1)
+    with pytest.raises(ValueError, match='head dims'):
+        fused.fused_linear_attention(q, k, torch.randn(1, 1, 8, 130, device=device))
+    with pytest.raises(ValueError, match='dtype'):
+        fused.fused_linear_attention(q.double(), k, v)
+    with pytest.raises(KeyError, match='available'):
+        fused.fused_linear_attention(q, k, v, 'softplus')
+
+
+# ------------------------------------------------------------------------------------------
+# Dispatch to the kernel
+# ------------------------------------------------------------------------------------------
+
+
+class _Collect(logging.Handler):
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.messages: List[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@run_here
+def test_dispatch_env_switch_and_log_once(monkeypatch, interpreter_env):
+    device = interpreter_env
+    monkeypatch.setattr(dispatch, '_logged_choices', set())
+    log = logging.getLogger('mmlinvit')
+    handler, old_level = _Collect(), log.level
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    try:
+        q, k, v = _qkv(40, 40, 16, 16, device, heads=1)
+        monkeypatch.setenv(BACKEND_ENV_VAR, 'triton')
+        outs = [linear_attention(q, k, v, 'relu') for _ in range(2)]
+        monkeypatch.setenv(BACKEND_ENV_VAR, 'torch')
+        ref = linear_attention(q, k, v, 'relu')
+        monkeypatch.delenv(BACKEND_ENV_VAR)
+        expected_auto = 'triton' if device.type == 'cuda' else 'torch'
+        assert select_backend(q, k, v) == expected_auto
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(old_level)
+    for out in outs:
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)
+    triton_logs = [m for m in handler.messages if 'triton (forced)' in m]
+    assert len(triton_logs) == 1, handler.messages
+    assert sum('torch (forced)' in m for m in handler.messages) == 1, handler.messages
+
+
+@run_here
+def test_dispatch_inline_and_unsupported(monkeypatch, interpreter_env):
+    device = interpreter_env
+    q, k, v = _qkv(33, 33, 16, 16, device, heads=1)
+    out = inline_attention(q, k, v, 0.25, backend='triton')
+    torch.testing.assert_close(out, inline_attention_torch(q, k, v, 0.25), atol=1e-5, rtol=1e-4)
+    with pytest.raises(ValueError, match='head dim'):
+        linear_attention(q, k, torch.randn(1, 1, 33, 200, device=device), backend='triton')

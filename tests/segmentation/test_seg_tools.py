@@ -1,0 +1,142 @@
+"""tools/train.py, tools/test.py, tools/dist_train.sh: missing inputs stop the run before
+training, an interrupted run resumes through --resume, and a 2-process gloo run completes."""
+import glob
+import importlib.util
+import os
+import os.path as osp
+import re
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+from mmengine.hooks import Hook
+from mmengine.registry import HOOKS
+
+from seg_helpers import REPO, tiny_config
+
+UPERNET = 'segmentation/upernet_deit-b-relu-fullcopy_8xb2-160k_ade20k-512x512.py'
+
+
+def _load_tool(name: str):
+    spec = importlib.util.spec_from_file_location(f'mmlinvit_tool_{name}',
+                                                  osp.join(REPO, 'tools', f'{name}.py'))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class SimulatedInterruption(RuntimeError):
+    """Raised by :class:`InterruptAfterIterHook`."""
+
+
+@HOOKS.register_module(force=True)
+class InterruptAfterIterHook(Hook):
+    """Stops training after iteration ``stop_after`` (its checkpoint is already saved)."""
+
+    priority = 'LOWEST'
+
+    def __init__(self, stop_after: int) -> None:
+        self.stop_after = stop_after
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
+        if runner.iter + 1 >= self.stop_after:
+            raise SimulatedInterruption(f'interrupted after iteration {runner.iter + 1}')
+
+
+def _latest_log(work_dir: str) -> str:
+    logs = sorted(glob.glob(osp.join(work_dir, '*', '*.log')), key=osp.getmtime)
+    with open(logs[-1]) as f:
+        return f.read()
+
+
+def test_missing_data_root_and_checkpoint_stop_before_training(tmp_path):
+    train = _load_tool('train')
+    work_dir = tmp_path / 'wd'
+    missing_root = str(tmp_path / 'no_ade')
+    with pytest.raises(SystemExit) as exc:
+        train.main([
+            osp.join(REPO, 'configs', 'adala_dinov2_ade20k.py'), '--work-dir',
+            str(work_dir), '--cfg-options', f'train_dataloader.dataset.data_root={missing_root}'
+        ])
+    message = str(exc.value)
+    assert missing_root in message
+    assert 'ADEChallengeData2016.zip' in message  # how to get the data
+    assert 'vit-adala_stage2_feat-align_dinov2-l_in22k-512/epoch_10.pth' in message  # the Stage-2 checkpoint
+    assert 'Stage 1' in message and 'Stage 2' in message  # how to produce it
+    assert not work_dir.exists()  # nothing was built
+
+
+def test_unconverted_cityscapes_names_the_converter(tmp_path, city_root):
+    # Raw gtFine without *_labelTrainIds.png (mmseg's converter not run yet).
+    raw = tmp_path / 'cityscapes'
+    for split in ('train', 'val'):
+        (raw / 'leftImg8bit' / split / 'x').mkdir(parents=True)
+        (raw / 'gtFine' / split / 'x').mkdir(parents=True)
+        (raw / 'gtFine' / split / 'x' / 'x_000000_000019_gtFine_labelIds.png').write_bytes(b'')
+    cfg = tiny_config('segmentation/mask2former_adala-dinov2-l-elu_8xb2-80k_cityscapes-512x1024.py',
+                      str(raw), str(tmp_path / 'wd'))
+    from mmlinvit.engine.preflight import MissingInputsError, check_inputs
+    with pytest.raises(MissingInputsError, match='dataset_converters/cityscapes.py'):
+        check_inputs(cfg)
+    cfg.train_dataloader.dataset.data_root = city_root
+    cfg.val_dataloader.dataset.data_root = city_root
+    check_inputs(cfg)  # the converted layout passes
+
+
+def test_test_tool_missing_checkpoint(tmp_path, ade_root):
+    cfg = tiny_config(UPERNET, ade_root, str(tmp_path / 'wd'))
+    cfg_file = str(tmp_path / 'cfg.py')
+    cfg.dump(cfg_file)
+    test = _load_tool('test')
+    with pytest.raises(SystemExit, match='nope.pth'):
+        test.main([cfg_file, str(tmp_path / 'nope.pth')])
+
+
+def test_interrupted_run_resumes(tmp_path, ade_root):
+    work_dir = str(tmp_path / 'wd')
+    cfg = tiny_config(UPERNET, ade_root, work_dir)
+    cfg.train_cfg.update(max_iters=3, val_begin=10)
+    cfg.custom_hooks = [dict(type='InterruptAfterIterHook', stop_after=2)]
+    cfg_file = str(tmp_path / 'cfg.py')
+    cfg.dump(cfg_file)
+    train = _load_tool('train')
+
+    with pytest.raises(SimulatedInterruption):
+        train.main([cfg_file, '--work-dir', work_dir])
+    assert osp.isfile(osp.join(work_dir, 'iter_2.pth'))
+    assert not osp.isfile(osp.join(work_dir, 'iter_3.pth'))
+
+    train.main([cfg_file, '--work-dir', work_dir, '--resume', '--cfg-options', 'custom_hooks=[]'])
+    log = _latest_log(work_dir)
+    assert 'resumed' in log.lower()
+    assert re.search(r'Iter\(train\) \[3/3\]', log)
+    assert not re.search(r'Iter\(train\) \[1/3\]', log)  # iterations 1-2 were not redone
+    ckpt = torch.load(osp.join(work_dir, 'iter_3.pth'), map_location='cpu', weights_only=False)
+    assert ckpt['meta']['iter'] == 3
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(('127.0.0.1', 0))
+        return sock.getsockname()[1]
+
+
+def test_dist_train_two_processes_gloo(tmp_path, ade_root):
+    work_dir = str(tmp_path / 'wd')
+    cfg = tiny_config(UPERNET, ade_root, work_dir)
+    cfg.train_cfg.update(max_iters=2, val_interval=2)
+    cfg_file = str(tmp_path / 'cfg.py')
+    cfg.dump(cfg_file)
+    env = dict(os.environ, PYTHON=sys.executable, PORT=str(_free_port()), OMP_NUM_THREADS='1',
+               NNODES='1', NODE_RANK='0', MASTER_ADDR='127.0.0.1', CUDA_VISIBLE_DEVICES='')
+    proc = subprocess.run(
+        ['bash', osp.join(REPO, 'tools', 'dist_train.sh'), cfg_file, '2', '--work-dir', work_dir],
+        env=env, cwd=str(tmp_path), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert osp.isfile(osp.join(work_dir, 'iter_2.pth'))
+    log = _latest_log(work_dir)
+    assert 'Distributed training: True' in log
+    assert re.search(r'(GPU number|world_size)\W+2', log)
+    assert 'mIoU' in log  # distributed validation gathered the results

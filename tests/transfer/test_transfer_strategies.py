@@ -1,0 +1,369 @@
+"""Weight-transfer strategies: exact copied / initialized / no-counterpart sets, structured
+inits (Mimetic, Impulse), bad input and the ``tools/linearize.py`` command."""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mmlinvit.backbones import VisionTransformer
+from mmlinvit.layers.pos_embed import resample_pos_grid
+from mmlinvit.transfer import (TRANSFER_STRATEGIES, TransferReport, impulse_peak_fraction,
+                               mimetic_targets, split_low_rank, transfer_weights)
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TINY = dict(embed_dims=64, num_layers=2, num_heads=2, mlp_hidden_dims=128)
+COMMON = dict(img_size=32, patch_size=8)
+
+# The canonical keys of the tiny DeiT model, written out (not derived from the code under test).
+BLOCK_KEYS = {
+    'norm1': ['norm1.weight', 'norm1.bias'],
+    'qkv': ['attn.qkv.weight', 'attn.qkv.bias'],
+    'proj': ['attn.proj.weight', 'attn.proj.bias'],
+    'norm2': ['norm2.weight', 'norm2.bias'],
+    'mlp': ['mlp.fc1.weight', 'mlp.fc1.bias', 'mlp.fc2.weight', 'mlp.fc2.bias'],
+}
+STEM_KEYS = {'cls_token', 'pos_embed', 'patch_embed.proj.weight', 'patch_embed.proj.bias',
+             'norm.weight', 'norm.bias'}
+
+
+def block_keys(*parts):
+    return {f'blocks.{i}.{k}' for i in range(2) for p in parts for k in BLOCK_KEYS[p]}
+
+
+ALL_KEYS = STEM_KEYS | block_keys(*BLOCK_KEYS)
+EXPECTED_COPIED = {
+    'random': set(),
+    'copy': block_keys('qkv'),
+    'mlp_copy': block_keys('norm2', 'mlp'),
+    'full_copy': ALL_KEYS,
+}
+
+
+def randomized(model):
+    """Every tensor drawn at random, so equality with the teacher means 'copied'."""
+    gen = torch.Generator().manual_seed(123)
+    with torch.no_grad():
+        for p in model.state_dict(keep_vars=True).values():
+            p.copy_(torch.randn(p.shape, generator=gen))
+    return model
+
+
+def snapshot(model):
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+@pytest.fixture
+def teacher():
+    return randomized(VisionTransformer(TINY, **COMMON))
+
+
+def check_report(report, student_before, student, teacher_sd, copied, no_counterpart=frozenset()):
+    after = student.state_dict()
+    assert report.copied == set(copied)
+    assert report.initialized == set(after) - set(copied)
+    assert report.no_counterpart == set(no_counterpart)
+    assert report.skipped == set(teacher_sd) - set(copied) - set(no_counterpart)
+    for key in report.initialized - report.strategy_initialized:  # keeps the student's init
+        assert torch.equal(after[key], student_before[key]), key
+    for key, value in after.items():
+        if key in copied:
+            assert torch.equal(value, teacher_sd[key]), key  # bitwise
+        else:
+            if key in teacher_sd and value.shape == teacher_sd[key].shape:
+                assert not torch.equal(value, teacher_sd[key]), key
+    json.dumps(report.to_dict())  # JSON-ready
+
+
+# ---------------------------------------------------------------------- copy strategies
+@pytest.mark.parametrize('name,alias', [('random', 'Random'), ('copy', 'Copy'),
+                                        ('mlp_copy', 'MLPCopy'), ('full_copy', 'FullCopy')])
+@pytest.mark.parametrize('use_alias', [False, True])
+def test_copy_strategies_exact_sets(teacher, name, alias, use_alias):
+    student = VisionTransformer(TINY, attn_cfg='elu', **COMMON)
+    assert set(student.state_dict()) == ALL_KEYS
+    before = snapshot(student)
+    report = transfer_weights(student, teacher, alias if use_alias else name)
+    assert report.strategy == name
+    check_report(report, before, student, teacher.state_dict(), EXPECTED_COPIED[name])
+    assert report.student_only == set() and report.strategy_initialized == set()
+
+
+def test_state_dict_teacher_equals_module_teacher(teacher):
+    a = VisionTransformer(TINY, attn_cfg='elu', **COMMON)
+    b = VisionTransformer(TINY, attn_cfg='elu', **COMMON)
+    b.load_state_dict(a.state_dict())
+    ra = transfer_weights(a, teacher, 'mlp_copy')
+    rb = transfer_weights(b, teacher.state_dict(), 'mlp_copy')
+    assert ra.to_dict() == rb.to_dict()
+    for key, value in a.state_dict().items():
+        assert torch.equal(value, b.state_dict()[key])
+
+
+def test_mlp_copy_layer_scale_option():
+    teacher = randomized(VisionTransformer(TINY, family='deit3', **COMMON))
+    student = VisionTransformer(TINY, family='deit3', attn_cfg='elu', **COMMON)
+    plain = transfer_weights(student, teacher, 'mlp_copy')
+    assert not any('.ls2.' in k for k in plain.copied)
+    with_ls = transfer_weights(student, teacher, 'mlp_copy', include_layer_scale=True)
+    assert with_ls.copied - plain.copied == {'blocks.0.ls2.gamma', 'blocks.1.ls2.gamma'}
+
+
+def test_full_copy_registers_layer_scale_pre_norm_and_missing_mask_token():
+    kwargs = dict(family='dinov2', num_reg_tokens=2, pre_norm=True, **COMMON)
+    teacher = randomized(VisionTransformer(TINY, **kwargs))
+    assert 'mask_token' in teacher.state_dict()
+    student = VisionTransformer(TINY, attn_cfg='relu', with_mask_token=False, **kwargs)
+    before = snapshot(student)
+    report = transfer_weights(student, teacher, 'full_copy')
+    expected = ALL_KEYS | {'reg_token', 'pre_norm.weight', 'pre_norm.bias'} | {
+        f'blocks.{i}.{k}' for i in range(2) for k in ('ls1.gamma', 'ls2.gamma')}
+    check_report(report, before, student, teacher.state_dict(), expected, {'mask_token'})
+    assert report.initialized == set()
+
+
+@pytest.mark.parametrize('operator', ['hedgehog', 'mhla', 'ttt'])
+def test_full_copy_operator_extras_are_initialized(teacher, operator):
+    # MHLA / TTT as in the paper: no class token, sin-cos position embedding, average pooling.
+    student = VisionTransformer(TINY, attn_cfg=operator, with_cls_token=False,
+                                pos_embed_type='sincos', out_type='avg_featmap', **COMMON)
+    extras = set(student.state_dict()) - ALL_KEYS
+    assert extras, f'{operator} should have parameters softmax attention lacks'
+    before = snapshot(student)
+    report = transfer_weights(student, teacher, 'full_copy')
+    copied = ALL_KEYS - {'cls_token', 'pos_embed'}
+    check_report(report, before, student, teacher.state_dict(), copied,
+                 {'cls_token', 'pos_embed'})
+    assert report.initialized == report.student_only == extras
+    for key in extras:  # keep the operator's own init_extra_parameters() values
+        assert torch.equal(student.state_dict()[key], before[key])
+
+
+def test_full_copy_adapts_position_grid(teacher):
+    student = VisionTransformer(TINY, attn_cfg='elu', img_size=48, patch_size=8)
+    report = transfer_weights(student, teacher, 'full_copy')
+    assert 'pos_embed' in report.copied and 'resampled' in report.adapted['pos_embed']
+    pos = teacher.pos_embed.detach()
+    expected = torch.cat([pos[:, :1], resample_pos_grid(pos[:, 1:], (4, 4), (6, 6))], dim=1)
+    assert torch.equal(student.pos_embed.detach(), expected)
+
+    no_cls = VisionTransformer(TINY, attn_cfg='elu', with_cls_token=False,
+                               out_type='avg_featmap', **COMMON)
+    report = transfer_weights(no_cls, teacher, 'full_copy')
+    assert report.no_counterpart == {'cls_token'}
+    assert 'class position dropped' in report.adapted['pos_embed']
+    assert torch.equal(no_cls.pos_embed.detach(), pos[:, 1:])
+
+
+# ---------------------------------------------------------------------- Mimetic
+def qk_product(attn, h):
+    c, d = attn.embed_dims, attn.head_dims
+    w = attn.qkv.weight.detach().double()
+    return w[h * d:(h + 1) * d].T @ w[c + h * d:c + (h + 1) * d]
+
+
+def vo_product(attn):
+    c = attn.embed_dims
+    w_v = attn.qkv.weight.detach().double()[2 * c:]
+    return w_v.T @ attn.proj.weight.detach().double().T  # x -> x W_v W_proj
+
+
+@pytest.mark.parametrize('base', ['random', 'mlp_copy'])
+def test_mimetic_products_match_targets(teacher, base):
+    student = VisionTransformer(TINY, attn_cfg=['softmax', 'elu'], **COMMON)
+    before = snapshot(student)
+    report = transfer_weights(student, teacher, 'Mimetic', seed=3, base=base)
+    assert report.strategy == 'mimetic'
+    written = {f'blocks.{i}.attn.{n}.weight' for i in range(2) for n in ('qkv', 'proj')}
+    assert report.strategy_initialized == written
+    check_report(report, before, student, teacher.state_dict(), EXPECTED_COPIED[base])
+    for i, block in enumerate(student.blocks):
+        gen = torch.Generator().manual_seed(3 + i)
+        qk, vo = mimetic_targets(64, 2, 0.7, 0.7, 0.4, 0.4, gen)
+        torch.testing.assert_close(vo_product(block.attn), vo, atol=1e-4, rtol=1e-4)
+        for h in range(2):
+            u, s, vh = torch.linalg.svd(qk[h])
+            best_rank_d = (u[:, :32] * s[:32]) @ vh[:32]
+            torch.testing.assert_close(qk_product(block.attn, h), best_rank_d, atol=1e-4,
+                                       rtol=1e-4)
+        assert torch.equal(block.attn.qkv.bias, before[f'blocks.{i}.attn.qkv.bias'])
+
+
+def test_mimetic_single_head_is_exact_and_statistics():
+    arch = dict(TINY, num_heads=1)
+    teacher = VisionTransformer(arch, **COMMON)
+    student = VisionTransformer(arch, attn_cfg='elu', **COMMON)
+    transfer_weights(student, teacher, 'mimetic', alpha=0.5, beta=1.0)
+    qk, vo = mimetic_targets(64, 1, 0.5, 1.0, 0.4, 0.4, torch.Generator().manual_seed(0))
+    prod = qk_product(student.blocks[0].attn, 0)
+    torch.testing.assert_close(prod, qk[0], atol=1e-4, rtol=1e-4)
+    assert abs(torch.diagonal(prod).mean().item() - 1.0) < 0.05  # beta I
+    assert abs(torch.diagonal(vo_product(student.blocks[0].attn)).mean().item() + 0.4) < 0.05
+    left, right = split_low_rank(qk[0], 64)
+    torch.testing.assert_close(left @ right.T, qk[0])
+
+
+def test_mimetic_rejects_copying_base(teacher):
+    with pytest.raises(ValueError, match="random.*mlp_copy"):
+        transfer_weights(VisionTransformer(TINY, attn_cfg='elu', **COMMON), teacher, 'mimetic',
+                         base='full_copy')
+
+
+# ---------------------------------------------------------------------- Impulse
+def impulse_student(operator='softmax', **kwargs):
+    cfg = dict(attn_cfg=operator, with_cls_token=False, pos_embed_type='sincos',
+               out_type='avg_featmap', **COMMON)
+    cfg.update(kwargs)
+    return VisionTransformer(TINY, **cfg)
+
+
+def test_impulse_maps_peak_at_shift_and_cache(teacher, tmp_path):
+    student = impulse_student()
+    report = transfer_weights(student, teacher, 'Impulse', steps=50, seed=1,
+                              cache_dir=str(tmp_path), base='mlp_copy')
+    assert report.strategy == 'impulse'
+    assert report.details['cache_hit'] is False and os.path.isfile(report.details['cache_file'])
+    assert report.strategy_initialized == {'blocks.0.attn.qkv.weight', 'blocks.1.attn.qkv.weight'}
+    assert report.copied == EXPECTED_COPIED['mlp_copy']
+    assert report.no_counterpart == {'cls_token', 'pos_embed'}
+    shifts = report.details['shifts']
+    assert len(shifts) == 2 and all(len(layer) == 2 for layer in shifts)
+    assert all(abs(dy) <= 1 and abs(dx) <= 1 for layer in shifts for dy, dx in layer)
+    pos = student.patch_pos_embed((4, 4), 'cpu', torch.float32)
+    for i, block in enumerate(student.blocks):
+        attn = block.attn.attention_map(block.norm1(pos), (4, 4), 0)[0]
+        for h, shift in enumerate(shifts[i]):
+            assert impulse_peak_fraction(attn[h], (4, 4), tuple(shift)) >= 0.9, (i, h, shift)
+
+    again = impulse_student()
+    report2 = transfer_weights(again, teacher, 'impulse', steps=50, seed=1,
+                               cache_dir=str(tmp_path), base='mlp_copy')
+    assert report2.details['cache_hit'] is True and report2.details['shifts'] == shifts
+    for i in range(2):  # q and k rows reproduced from the cache (v rows: student init)
+        assert torch.equal(again.blocks[i].attn.qkv.weight[:128],
+                           student.blocks[i].attn.qkv.weight[:128])
+
+
+def test_impulse_rejects_prefix_tokens_and_missing_positions(teacher, tmp_path):
+    with pytest.raises(ValueError, match='prefix tokens.*with_cls_token=False'):
+        transfer_weights(VisionTransformer(TINY, attn_cfg='elu', **COMMON), teacher, 'impulse',
+                         cache_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="pos_embed_type='none'"):
+        transfer_weights(impulse_student(pos_embed_type='none'), teacher, 'impulse',
+                         cache_dir=str(tmp_path))
+
+
+# ---------------------------------------------------------------------- bad input
+def test_unknown_strategy_lists_registered(teacher):
+    with pytest.raises(KeyError) as err:
+        transfer_weights(VisionTransformer(TINY, attn_cfg='elu', **COMMON), teacher, 'mlpcopy')
+    for name in ('mlp_copy', 'MLPCopy', 'full_copy', 'mimetic', 'Impulse', 'random'):
+        assert name in str(err.value)
+    assert set(TRANSFER_STRATEGIES.names) >= {'random', 'copy', 'mlp_copy', 'full_copy',
+                                              'mimetic', 'impulse', 'Random', 'Copy',
+                                              'MLPCopy', 'FullCopy', 'Mimetic', 'Impulse'}
+
+
+@pytest.mark.parametrize('arch,message', [
+    (dict(TINY, embed_dims=32), r'teacher embed_dims=64.*student embed_dims=32'),
+    (dict(TINY, num_layers=3), r'num_layers=2.*student embed_dims=64, num_layers=3'),
+])
+def test_width_or_depth_mismatch_names_both(teacher, arch, message):
+    student = VisionTransformer(arch, attn_cfg='elu', **COMMON)
+    with pytest.raises(ValueError, match=message):
+        transfer_weights(student, teacher, 'full_copy')
+    with pytest.raises(ValueError, match=message):
+        transfer_weights(student, teacher.state_dict(), 'full_copy')
+
+
+def test_other_shape_mismatch_and_non_canonical_state_dict(teacher):
+    student = VisionTransformer(dict(TINY, mlp_hidden_dims=96), attn_cfg='elu', **COMMON)
+    with pytest.raises(ValueError, match=r'blocks.0.mlp.fc1.weight: teacher \(128, 64\) vs '
+                                         r'student \(96, 64\)'):
+        transfer_weights(student, teacher, 'mlp_copy')
+    official = {f'module.{k}': v for k, v in teacher.state_dict().items()}
+    with pytest.raises(ValueError, match='convert_state_dict'):
+        transfer_weights(VisionTransformer(TINY, **COMMON), official, 'copy')
+
+
+@pytest.mark.parametrize('strategy', ['mimetic', 'impulse'])
+def test_structured_init_needs_qk_form(teacher, strategy, tmp_path):
+    student = impulse_student(['elu', 'ttt'])
+    before = snapshot(student)
+    options = dict(cache_dir=str(tmp_path)) if strategy == 'impulse' else {}
+    with pytest.raises(ValueError, match=r"layer 1 .*operator 'ttt'.*has_qk_form=False"):
+        transfer_weights(student, teacher, strategy, base='mlp_copy', **options)
+    for key, value in student.state_dict().items():  # nothing was written
+        assert torch.equal(value, before[key])
+
+
+def test_report_invariants_are_checked():
+    report = TransferReport('copy', copied={'a'}, initialized={'a', 'b'})
+    with pytest.raises(AssertionError):
+        report.validate({'a', 'b'}, {'a'})
+
+
+# ---------------------------------------------------------------------- tools/linearize.py
+def test_linearize_cli_end_to_end(teacher, tmp_path):
+    ckpt = tmp_path / 'teacher.pth'
+    torch.save(dict(model=teacher.state_dict()), ckpt)  # a wrapped canonical checkpoint
+    out, report_path = tmp_path / 'out' / 'student.pth', tmp_path / 'report.json'
+    cmd = [sys.executable, os.path.join(REPO, 'tools', 'linearize.py'), str(ckpt), str(out),
+           '--arch', json.dumps(TINY), '--family', 'deit', '--operator-per-layer', 'softmax,elu',
+           '--strategy', 'MLPCopy', '--layout', 'auto', '--report', str(report_path)]
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get('PYTHONPATH', ''))
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert 'mlp_copy: copied 12' in proc.stdout
+
+    saved = torch.load(out, map_location='cpu', weights_only=True)
+    meta = saved['meta']
+    assert meta['operators'] == ['softmax', 'elu'] and meta['strategy'] == 'mlp_copy'
+    student = VisionTransformer(**meta['student_cfg'])
+    student.load_state_dict(saved['state_dict'], strict=True)
+    assert student.img_size == (32, 32) and student.patch_size == 8
+    for key, value in student.state_dict().items():
+        same = torch.equal(value, teacher.state_dict()[key])
+        assert same == (key in EXPECTED_COPIED['mlp_copy']), key
+
+    with open(report_path) as f:
+        report = json.load(f)
+    assert set(report['transfer']['copied']) == EXPECTED_COPIED['mlp_copy']
+    assert set(report['transfer']['initialized']) == ALL_KEYS - EXPECTED_COPIED['mlp_copy']
+    assert report['transfer']['no_counterpart'] == []
+    assert report['teacher']['layout'] == 'timm'
+    assert meta['report'] == report['transfer']
+
+
+def load_linearize_tool():
+    spec = importlib.util.spec_from_file_location('linearize_tool',
+                                                  os.path.join(REPO, 'tools', 'linearize.py'))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_linearize_main_no_cls_impulse_and_resolution(teacher, tmp_path):
+    linearize = load_linearize_tool()
+    ckpt = tmp_path / 'teacher.pth'
+    torch.save(teacher.state_dict(), ckpt)
+    out = tmp_path / 'student.pth'
+    args = [str(ckpt), str(out), '--arch', json.dumps(TINY), '--operator', 'mhla',
+            '--strategy', 'impulse', '--strategy-arg', 'steps=20',
+            '--strategy-arg', f'cache_dir={tmp_path / "cache"}',
+            '--student-no-cls', '--student-pos-embed', 'sincos', '--img-size', '48']
+    assert linearize.main(args) == 0
+    saved = torch.load(out, map_location='cpu', weights_only=True)
+    student = VisionTransformer(**saved['meta']['student_cfg'])
+    student.load_state_dict(saved['state_dict'], strict=True)
+    assert student.pos_grid == (6, 6) and student.num_prefix_tokens == 0
+    report = json.loads((tmp_path / 'student.json').read_text())
+    assert set(report['transfer']['no_counterpart']) == {'cls_token', 'pos_embed'}
+    assert report['transfer']['options']['steps'] == 20
+    with pytest.raises(KeyError, match='mlp_copy'):
+        linearize.main([str(ckpt), str(out), '--arch', json.dumps(TINY), '--operator', 'elu',
+                        '--strategy', 'nope'])

@@ -1,0 +1,161 @@
+"""Adventurer-Base vs softmax ViT-B/16: forward throughput and peak memory on CPU.
+
+Every (model, resolution) case runs in a fresh Python subprocess, so caches, allocator state
+and earlier peaks never leak between cases.  Inside a case:
+
+* throughput: batch 1, ``torch.inference_mode()``, ``--warmup`` untimed forwards, then
+  ``--repeats`` timed forwards; img/s = repeats / elapsed.
+* peak memory: the model and input are built, the kernel's peak-RSS counter is reset
+  (``echo 5 > /proc/self/clear_refs``, which sets VmHWM to the current VmRSS), the forwards
+  run, and the reported number is ``VmHWM - VmRSS_before``: the largest extra resident
+  memory any forward needed (activations, temporaries, allocator overhead), weights and
+  input excluded.  Linux only; the script stops with an error where the counter cannot be
+  reset.
+
+Usage::
+
+    python tools/analysis/benchmark_adventurer.py --sizes 224 512 512x1024 1024x1024 \\
+        --repeats 1
+"""
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from typing import Dict, List, Tuple
+
+MODELS = ('adventurer', 'vit')
+LABELS = {'adventurer': 'Adventurer-B/16', 'vit': 'ViT-B/16 (softmax, DeiT)'}
+
+
+def parse_size(text: str) -> Tuple[int, int]:
+    """'512' -> (512, 512); '512x1024' -> (512, 1024) (height x width)."""
+    parts = text.lower().split('x')
+    if len(parts) not in (1, 2) or not all(p.isdigit() for p in parts):
+        raise argparse.ArgumentTypeError(f'size {text!r} must look like 512 or 512x1024')
+    h = int(parts[0])
+    return (h, int(parts[-1]))
+
+
+def read_status_kb(field: str) -> int:
+    """A ``VmRSS`` / ``VmHWM`` line of /proc/self/status, in KiB."""
+    with open('/proc/self/status') as f:
+        match = re.search(rf'^{field}:\s+(\d+) kB', f.read(), re.MULTILINE)
+    if match is None:
+        raise RuntimeError(f'/proc/self/status has no {field} line; this needs Linux')
+    return int(match.group(1))
+
+
+def reset_peak_rss() -> None:
+    """Sets VmHWM to the current VmRSS (Linux >= 4.0); raises if that is not allowed."""
+    try:
+        with open('/proc/self/clear_refs', 'w') as f:
+            f.write('5')
+    except OSError as err:
+        raise RuntimeError('cannot reset the peak-RSS counter (/proc/self/clear_refs); this '
+                           'benchmark measures memory that way and needs Linux') from err
+
+
+def run_case(model_name: str, size: Tuple[int, int], repeats: int, warmup: int, threads: int,
+             chunks_per_step: int) -> Dict[str, float]:
+    """Builds one model, measures it, returns the numbers (runs inside the subprocess)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    if model_name == 'adventurer':
+        from mmlinvit.backbones.adventurer import Adventurer
+        mixer_cfg = dict(chunks_per_step=chunks_per_step) if chunks_per_step > 0 else None
+        model = Adventurer('b', mixer_cfg=mixer_cfg)
+    else:
+        from mmlinvit.backbones import VisionTransformer
+        model = VisionTransformer('b', family='deit')
+    model.eval()
+    x = torch.randn(1, 3, *size)
+    reset_peak_rss()
+    rss_before = read_status_kb('VmRSS')
+    with torch.inference_mode():
+        for _ in range(warmup):
+            model(x)
+        start = time.perf_counter()
+        for _ in range(repeats):
+            model(x)
+        elapsed = time.perf_counter() - start
+    peak = read_status_kb('VmHWM')
+    return dict(img_per_s=repeats / elapsed, peak_mib=(peak - rss_before) / 1024,
+                sec_per_img=elapsed / repeats)
+
+
+def spawn_case(model_name: str, size: Tuple[int, int], args: argparse.Namespace) -> Dict:
+    """Runs :func:`run_case` in a fresh interpreter and parses its JSON line."""
+    cmd = [
+        sys.executable, os.path.abspath(__file__), '--worker', model_name, '--sizes',
+        f'{size[0]}x{size[1]}', '--repeats', str(args.repeats), '--warmup', str(args.warmup),
+        '--threads', str(args.threads), '--chunks-per-step', str(args.chunks_per_step)
+    ]
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ)
+    env['PYTHONPATH'] = repo + (os.pathsep + env['PYTHONPATH'] if env.get('PYTHONPATH') else '')
+    env['OMP_NUM_THREADS'] = str(args.threads)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f'case {model_name} {size} failed:\n{proc.stderr[-3000:]}')
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def format_table(rows: List[Dict]) -> str:
+    head = ('| size (HxW) | tokens | Adventurer-B img/s | ViT-B img/s | speed ratio (Adv/ViT) '
+            '| Adventurer-B peak MiB | ViT-B peak MiB | memory ratio (Adv/ViT) |')
+    lines = [head, '|' + '---|' * 8]
+    for r in rows:
+        adv, vit = r['adventurer'], r['vit']
+        lines.append(f"| {r['size']} | {r['tokens']} | {adv['img_per_s']:.3f} | "
+                     f"{vit['img_per_s']:.3f} | {adv['img_per_s'] / vit['img_per_s']:.2f}x | "
+                     f"{adv['peak_mib']:.0f} | {vit['peak_mib']:.0f} | "
+                     f"{adv['peak_mib'] / max(vit['peak_mib'], 1e-9):.2f}x |")
+    return '\n'.join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('--sizes', nargs='+', type=parse_size,
+                        default=[(224, 224), (512, 512), (512, 1024), (1024, 1024)],
+                        help='resolutions, e.g. 224 512 512x1024 1024x1024 (H x W)')
+    parser.add_argument('--repeats', type=int, default=3, help='timed forwards per case')
+    parser.add_argument('--warmup', type=int, default=1, help='untimed forwards per case')
+    parser.add_argument('--threads', type=int, default=2, help='torch CPU threads')
+    parser.add_argument('--chunks-per-step', type=int, default=0,
+                        help='Adventurer scan: chunks vectorised together (0 = all, default)')
+    parser.add_argument('--worker', choices=MODELS, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.repeats < 1 or args.warmup < 0:
+        parser.error('--repeats must be >= 1 and --warmup >= 0')
+
+    if args.worker:
+        print(json.dumps(run_case(args.worker, args.sizes[0], args.repeats, args.warmup,
+                                  args.threads, args.chunks_per_step)))
+        return
+
+    print('Adventurer-B/16 (Mamba-2, chunked PyTorch SSD scan, chunk 256) vs ViT-B/16 '
+          '(softmax via torch SDPA), CPU, batch 1, fp32, torch.inference_mode')
+    print(f'threads={args.threads} warmup={args.warmup} repeats={args.repeats} '
+          f'chunks_per_step={args.chunks_per_step or "all"}')
+    print('memory: peak extra resident memory during the forwards (VmHWM after reset via '
+          '/proc/self/clear_refs, minus VmRSS before; weights excluded), one fresh '
+          'subprocess per case')
+    rows = []
+    for size in args.sizes:
+        row = dict(size=f'{size[0]}x{size[1]}', tokens=(size[0] // 16) * (size[1] // 16) + 1)
+        for model_name in MODELS:
+            row[model_name] = spawn_case(model_name, size, args)
+            print(f"  {LABELS[model_name]:<26} {row['size']:>10}: "
+                  f"{row[model_name]['img_per_s']:.3f} img/s, "
+                  f"{row[model_name]['peak_mib']:.0f} MiB", flush=True)
+        rows.append(row)
+    print()
+    print(format_table(rows))
+
+
+if __name__ == '__main__':
+    main()

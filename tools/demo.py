@@ -1,0 +1,321 @@
+"""The embedded end-to-end demo: linearize a softmax ViT segmenter on CPU in a few minutes.
+
+One command on a fresh machine (``bash tools/run.sh demo`` installs first)::
+
+    python tools/demo.py [--work-dir work_dirs/demo] [--quick]
+
+1. draws a small data set of outdoor scenes in ADE20K's layout (images/ + annotations/,
+   label 0 = unlabelled, ``reduce_zero_label``);
+2. trains a tiny softmax ViT teacher with UPerNet on it
+   (configs/demo/upernet_vit-tiny-softmax_toy-64x64.py);
+3. linearizes it with ViT-AdaLA: Stage 1 (teacher-forced attention alignment) and Stage 2
+   (feature alignment) with the recipes of configs/adala/ scaled down to the tiny model and
+   the demo images, then Stage 3: an ELU+1 linear student initialised from Stage 2 and
+   fine-tuned with UPerNet (configs/demo/upernet_vit-tiny-elu_toy-64x64.py);
+4. evaluates teacher and student on the validation scenes and prints their IoUs side by side.
+
+Everything runs through the same code paths as ``tools/train.py`` (config checks, runners,
+checkpoints); logs, checkpoints, ``predictions.png`` and ``summary.json`` are left under the
+work directory.  ``--quick`` shortens every stage (for the test suite).
+"""
+import argparse
+import json
+import os
+import os.path as osp
+import sys
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+from mmengine.config import Config
+from mmengine.model import is_model_wrapper
+from PIL import Image
+
+from mmlinvit.datasets import SCENE_CLASSES, SCENE_PALETTE, make_ade20k_layout
+from mmlinvit.engine.launch import build_runner, prepare_train_config
+
+REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
+TEACHER_CFG = osp.join(REPO, 'configs/demo/upernet_vit-tiny-softmax_toy-64x64.py')
+STUDENT_CFG = osp.join(REPO, 'configs/demo/upernet_vit-tiny-elu_toy-64x64.py')
+STAGE1_CFG = osp.join(REPO, 'configs/adala/vit-adala_stage1_attn-align_dinov2-l_coco-512.py')
+STAGE2_CFG = osp.join(REPO, 'configs/adala/vit-adala_stage2_feat-align_dinov2-l_in22k-512.py')
+
+#: Lengths of every step (full demo / --quick).
+PLANS = {
+    'full': dict(num_train=160, num_val=40, teacher_iters=300, stage1_epochs=4,
+                 stage2_epochs=6, student_iters=200, distill_batch=16, timing=True),
+    'quick': dict(num_train=16, num_val=4, teacher_iters=6, stage1_epochs=1,
+                  stage2_epochs=1, student_iters=4, distill_batch=8, timing=False),
+}
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    """Command-line arguments."""
+    parser = argparse.ArgumentParser(description='mmlinvit end-to-end demo (CPU, minutes)')
+    parser.add_argument('--work-dir', default='work_dirs/demo',
+                        help='where data, logs, checkpoints and the PNG go')
+    parser.add_argument('--quick', action='store_true',
+                        help='a few iterations per stage (smoke test, meaningless mIoU)')
+    parser.add_argument('--seed', type=int, default=0, help='data and training seed')
+    return parser.parse_args(argv)
+
+
+def _log(msg: str) -> None:
+    print(f'[demo] {msg}', flush=True)
+
+
+def _finish_config(cfg: Config, config_path: str, work_dir: str, name: str,
+                   seed: int) -> Config:
+    cfg.experiment_name = f'demo_{name}_{int(time.time() * 1000)}'
+    cfg.randomness = dict(seed=seed)
+    cfg.log_level = 'INFO'
+    return prepare_train_config(cfg, config_path, work_dir=work_dir)
+
+
+def _train(cfg: Config) -> 'object':
+    runner = build_runner(cfg, mode='train')
+    runner.train()
+    return runner
+
+
+def _last_checkpoint(work_dir: str) -> str:
+    with open(osp.join(work_dir, 'last_checkpoint')) as f:
+        return f.read().strip()
+
+
+def _set_toy_data(cfg: Config, data_root: str) -> None:
+    for loader in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
+        cfg[loader].dataset.data_root = data_root
+
+
+def _iters_schedule(cfg: Config, iters: int, warmup: int) -> None:
+    cfg.train_cfg.update(max_iters=iters, val_interval=iters)
+    cfg.param_scheduler = [
+        dict(type='LinearLR', start_factor=0.05, by_epoch=False, begin=0, end=warmup),
+        dict(type='PolyLR', eta_min=1e-5, power=1.0, begin=warmup, end=iters, by_epoch=False),
+    ]
+    cfg.default_hooks.checkpoint.interval = iters
+    cfg.default_hooks.logger.interval = max(1, min(25, iters // 4))
+
+
+def train_teacher(plan: dict, data_root: str, work_dir: str, seed: int):
+    """Step 2: the tiny softmax teacher with UPerNet."""
+    cfg = Config.fromfile(TEACHER_CFG)
+    _set_toy_data(cfg, data_root)
+    _iters_schedule(cfg, plan['teacher_iters'], warmup=max(1, plan['teacher_iters'] // 10))
+    _finish_config(cfg, TEACHER_CFG, osp.join(work_dir, 'teacher'), 'teacher', seed)
+    return _train(cfg)
+
+
+def _distill_stage_config(path: str, backbone: dict, data_root: str, plan: dict, epochs: int,
+                          lr: float) -> Config:
+    """A ViT-AdaLA Stage 1/2 config, scaled down to the demo's backbone and images."""
+    cfg = Config.fromfile(path)
+    cfg.merge_from_dict(dict(model=dict(student=backbone, teacher=backbone)))
+    cfg.model.student.type = 'mmlinvit.LinearVisionTransformer'
+    cfg.model.student.attn_cfg = 'elu'
+    cfg.model.student.out_type = 'raw'
+    cfg.model.teacher.attn_cfg = 'softmax'
+    cfg.model.teacher.out_type = 'raw'
+    dl = cfg.train_dataloader
+    dl.update(batch_size=plan['distill_batch'], num_workers=0, persistent_workers=False)
+    dl.dataset.update(data_root=data_root, data_prefix='images/training')
+    for t in dl.dataset.pipeline:
+        if t['type'] == 'RandomResizedCrop':
+            t['scale'] = backbone['img_size']
+    iters_per_epoch = max(1, plan['num_train'] // plan['distill_batch'])
+    cfg.optim_wrapper.optimizer.lr = lr
+    cfg.param_scheduler = [
+        dict(type='LinearLR', start_factor=0.05, by_epoch=False, begin=0,
+             end=max(1, iters_per_epoch // 2)),
+        dict(type='CosineAnnealingLR', eta_min=lr * 0.01, by_epoch=True, begin=0, end=epochs,
+             convert_to_iter_based=True),
+    ]
+    cfg.train_cfg = dict(by_epoch=True, max_epochs=epochs)
+    cfg.auto_scale_lr = None
+    cfg.default_hooks.checkpoint.update(interval=epochs, max_keep_ckpts=1)
+    cfg.default_hooks.logger.interval = max(1, iters_per_epoch)
+    cfg.env_cfg.cudnn_benchmark = False
+    return cfg
+
+
+def run_adala(plan: dict, data_root: str, work_dir: str, teacher_cfg: Config,
+              teacher_ckpt: str, seed: int) -> Tuple[str, str]:
+    """Step 3: AdaLA Stages 1 and 2 (the Stage-3 fine-tuning is :func:`train_student`).
+
+    Returns:
+        The Stage-1 and Stage-2 checkpoints.
+    """
+    tb = teacher_cfg.model.backbone
+    backbone = dict(arch=dict(tb.arch), family=tb.family, img_size=tb.img_size,
+                    patch_size=tb.patch_size, pretrained=teacher_ckpt)
+    cfg1 = _distill_stage_config(STAGE1_CFG, backbone, data_root, plan,
+                                 plan['stage1_epochs'], lr=1e-3)
+    _finish_config(cfg1, STAGE1_CFG, osp.join(work_dir, 'stage1'), 'stage1', seed)
+    _train(cfg1)
+    stage1_ckpt = _last_checkpoint(cfg1.work_dir)
+
+    cfg2 = _distill_stage_config(STAGE2_CFG, backbone, data_root, plan,
+                                 plan['stage2_epochs'], lr=5e-4)
+    cfg2.model.student.pretrained = None  # the student comes from Stage 1 (load_from)
+    cfg2.load_from = stage1_ckpt
+    _finish_config(cfg2, STAGE2_CFG, osp.join(work_dir, 'stage2'), 'stage2', seed)
+    _train(cfg2)
+    return stage1_ckpt, _last_checkpoint(cfg2.work_dir)
+
+
+def train_student(plan: dict, data_root: str, work_dir: str, stage2_ckpt: str, seed: int):
+    """Step 3, Stage 3: the ELU+1 linear student with UPerNet, from the Stage-2 student."""
+    cfg = Config.fromfile(STUDENT_CFG)
+    _set_toy_data(cfg, data_root)
+    cfg.model.backbone.pretrained = stage2_ckpt
+    _iters_schedule(cfg, plan['student_iters'], warmup=max(1, plan['student_iters'] // 10))
+    _finish_config(cfg, STUDENT_CFG, osp.join(work_dir, 'student'), 'student', seed)
+    return _train(cfg)
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    return model.module if is_model_wrapper(model) else model
+
+
+def predict_and_score(runner, num_classes: int,
+                      keep: int) -> Tuple[np.ndarray, np.ndarray, List[dict]]:
+    """Runs the runner's model over its test set.
+
+    Returns:
+        Per-class intersections and unions, and the first ``keep`` samples (image path,
+        ground truth, prediction) for the picture.
+    """
+    model = _unwrap(runner.model)
+    model.eval()
+    inter = np.zeros(num_classes, np.int64)
+    union = np.zeros(num_classes, np.int64)
+    kept = []
+    with torch.no_grad():
+        for batch in runner.test_dataloader:
+            for sample in model.test_step(batch):
+                pred = sample.pred_sem_seg.data.squeeze(0).cpu().numpy()
+                gt = sample.gt_sem_seg.data.squeeze(0).cpu().numpy()
+                valid = gt != 255
+                for c in range(num_classes):
+                    p, g = (pred == c) & valid, (gt == c) & valid
+                    inter[c] += int((p & g).sum())
+                    union[c] += int((p | g).sum())
+                if len(kept) < keep:
+                    kept.append(dict(img_path=sample.img_path, gt=gt, pred=pred))
+    return inter, union, kept
+
+
+def _colour(label: np.ndarray, palette: Sequence[Sequence[int]]) -> np.ndarray:
+    out = np.zeros(label.shape + (3, ), np.uint8)  # unlabelled / ignored stay black
+    for c, rgb in enumerate(palette):
+        out[label == c] = rgb
+    return out
+
+
+def save_prediction_grid(path: str, teacher: List[dict], student: List[dict],
+                         scale: int = 3) -> None:
+    """Columns: image | ground truth | teacher | student, one row per validation image."""
+    rows = []
+    for t, s in zip(teacher, student):
+        img = np.asarray(Image.open(t['img_path']).convert('RGB'))
+        tiles = [img, _colour(t['gt'], SCENE_PALETTE), _colour(t['pred'], SCENE_PALETTE),
+                 _colour(s['pred'], SCENE_PALETTE)]
+        gap = np.full((img.shape[0], 2, 3), 255, np.uint8)
+        rows.append(np.concatenate(sum([[tile, gap] for tile in tiles], [])[:-1], axis=1))
+    grid = np.concatenate(rows, axis=0)
+    Image.fromarray(grid).resize((grid.shape[1] * scale, grid.shape[0] * scale),
+                                 Image.NEAREST).save(path)
+
+
+def backbone_latency(runner, size: int, repeats: int = 3) -> float:
+    """Seconds per forward of the runner's backbone on one size x size image."""
+    backbone = _unwrap(runner.model).backbone.eval()
+    x = torch.randn(1, 3, size, size)
+    with torch.no_grad():
+        backbone(x)
+        start = time.perf_counter()
+        for _ in range(repeats):
+            backbone(x)
+    return (time.perf_counter() - start) / repeats
+
+
+def _iou_table(teacher: Tuple[np.ndarray, np.ndarray], student: Tuple[np.ndarray,
+                                                                       np.ndarray]) -> str:
+    lines = [f'{"class":<10} {"teacher IoU":>12} {"student IoU":>12}']
+    for c, name in enumerate(SCENE_CLASSES):
+        cells = []
+        for inter, union in (teacher, student):
+            cells.append(f'{100 * inter[c] / union[c]:12.2f}' if union[c] else f'{"n/a":>12}')
+        lines.append(f'{name:<10} {cells[0]} {cells[1]}')
+    return '\n'.join(lines)
+
+
+def main(argv: Optional[List[str]] = None) -> Dict[str, float]:
+    """Runs the demo; returns the summary (also written to ``summary.json``)."""
+    args = parse_args(argv)
+    plan = PLANS['quick' if args.quick else 'full']
+    work_dir = osp.abspath(args.work_dir)
+    os.makedirs(work_dir, exist_ok=True)
+    start = time.time()
+
+    data_root = osp.join(work_dir, 'data', 'toy_ade', 'ADEChallengeData2016')
+    _log(f'1/4 drawing {plan["num_train"]} + {plan["num_val"]} scenes in ADE20K layout '
+         f'under {data_root}')
+    make_ade20k_layout(data_root, plan['num_train'], plan['num_val'], size=(64, 64),
+                       seed=args.seed)
+
+    _log('2/4 training the softmax ViT teacher (UPerNet)')
+    teacher_runner = train_teacher(plan, data_root, work_dir, args.seed)
+    teacher_ckpt = _last_checkpoint(teacher_runner.work_dir)
+
+    _log('3/4 ViT-AdaLA: Stage 1 attention alignment, Stage 2 feature alignment')
+    _, stage2_ckpt = run_adala(plan, data_root, work_dir, teacher_runner.cfg, teacher_ckpt,
+                               args.seed)
+    _log('3/4 ViT-AdaLA: Stage 3 fine-tuning of the ELU+1 linear student (UPerNet)')
+    student_runner = train_student(plan, data_root, work_dir, stage2_ckpt, args.seed)
+
+    _log('4/4 evaluating teacher and student on the validation scenes')
+    num_classes = len(SCENE_CLASSES)
+    t_inter, t_union, t_kept = predict_and_score(teacher_runner, num_classes, keep=6)
+    s_inter, s_union, s_kept = predict_and_score(student_runner, num_classes, keep=6)
+    picture = osp.join(work_dir, 'predictions.png')
+    save_prediction_grid(picture, t_kept, s_kept)
+
+    def miou(inter, union):
+        present = union > 0
+        return float(100 * (inter[present] / union[present]).mean())
+
+    summary = dict(
+        teacher_mIoU=miou(t_inter, t_union),
+        student_mIoU=miou(s_inter, s_union),
+        teacher_checkpoint=teacher_ckpt,
+        stage2_checkpoint=stage2_ckpt,
+        student_checkpoint=_last_checkpoint(student_runner.work_dir),
+        predictions_png=picture)
+    if plan['timing']:
+        for size in (64, 512):
+            summary[f'teacher_backbone_s_{size}px'] = backbone_latency(teacher_runner, size)
+            summary[f'student_backbone_s_{size}px'] = backbone_latency(student_runner, size)
+    summary['wall_time_s'] = time.time() - start
+    with open(osp.join(work_dir, 'summary.json'), 'w') as f:
+        json.dump(summary, f, indent=2)
+
+    print('\n' + _iou_table((t_inter, t_union), (s_inter, s_union)))
+    print(f'{"mIoU":<10} {summary["teacher_mIoU"]:12.2f} {summary["student_mIoU"]:12.2f}')
+    print(f'teacher: softmax attention; student: ELU+1 linear attention (ViT-AdaLA stages 1-3)')
+    if plan['timing']:
+        for size in (64, 512):
+            print(f'backbone forward at {size}x{size}: teacher '
+                  f'{1000 * summary[f"teacher_backbone_s_{size}px"]:.1f} ms, student '
+                  f'{1000 * summary[f"student_backbone_s_{size}px"]:.1f} ms')
+    print(f'predictions (image | ground truth | teacher | student): {picture}')
+    print(f'logs and checkpoints: {work_dir}/{{teacher,stage1,stage2,student}}')
+    print(f'wall time: {summary["wall_time_s"]:.0f} s')
+    return summary
+
+
+if __name__ == '__main__':
+    main()
+    sys.exit(0)

@@ -1,0 +1,180 @@
+"""Turn a softmax ViT checkpoint into an initialised linearized student checkpoint.
+
+Loads the teacher checkpoint in any layout :mod:`mmlinvit.converters` reads, builds the teacher
+and the student (same arch, another attention operator per layer), transfers weights with a
+registered strategy and writes the student plus a JSON report of what was copied.
+
+Examples::
+
+    python tools/linearize.py deit_base.pth work_dirs/deit_b_elu.pth --arch b --family deit \
+        --operator elu --strategy mlp_copy
+    python tools/linearize.py dinov2_vitb14.pth out.pth --arch b --family dinov2 \
+        --operator-per-layer softmax,elu,elu,elu,elu,elu,elu,elu,elu,elu,elu,softmax
+    python tools/linearize.py deit_base.pth out.pth --operator elu --strategy impulse \
+        --student-no-cls --student-pos-embed sincos --strategy-arg window=5
+
+The output checkpoint is ``dict(state_dict=..., meta=dict(operators, strategy, report,
+student_cfg, teacher))``; rebuild the student with
+``VisionTransformer(**meta['student_cfg']).load_state_dict(ckpt['state_dict'], strict=True)``.
+It holds only tensors and plain data, so ``torch.load(weights_only=True)`` reads it.
+"""
+import argparse
+import json
+import os
+import sys
+from typing import Any, Dict, List, Optional, Union
+
+import torch
+
+from mmlinvit.backbones import VisionTransformer
+from mmlinvit.converters import (check_state_dict_fits, convert_state_dict, layout_names,
+                                 load_checkpoint_file)
+from mmlinvit.transfer import TRANSFER_STRATEGIES, transfer_weights
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    """Command-line arguments."""
+    parser = argparse.ArgumentParser(
+        description='Initialise a linearized student ViT from a softmax teacher checkpoint.')
+    parser.add_argument('teacher_ckpt', help='softmax teacher checkpoint (any supported layout)')
+    parser.add_argument('out_ckpt', help='output student checkpoint path')
+    parser.add_argument('--arch', default='b',
+                        help='size name (t/s/b/l/h/g) or a JSON dict with embed_dims, '
+                             'num_layers, num_heads, mlp_hidden_dims')
+    parser.add_argument('--family', default='deit', help='ViT family (deit, deit3, mae, '
+                        'dinov2, clip)')
+    parser.add_argument('--operator', default=None,
+                        help='student attention operator for every layer: a name (elu, relu, '
+                             'hedgehog, inline, mhla, ttt, ...) or a JSON config dict')
+    parser.add_argument('--operator-per-layer', default=None,
+                        help='comma-separated operator names, one per layer (hybrid stacks), '
+                             'or a JSON list of names / config dicts')
+    parser.add_argument('--strategy', default='mlp_copy',
+                        help=f'transfer strategy: {", ".join(TRANSFER_STRATEGIES.names)}')
+    parser.add_argument('--strategy-arg', action='append', default=[], metavar='KEY=VALUE',
+                        help='strategy option (VALUE parsed as JSON when possible), e.g. '
+                             'base=mlp_copy, alpha=0.7, steps=300; repeatable')
+    parser.add_argument('--layout', default='auto', choices=layout_names(),
+                        help='teacher checkpoint layout (default: detect it)')
+    parser.add_argument('--img-size', type=int, default=None,
+                        help="student training resolution (default: the resolution of the "
+                             "teacher's learned position grid, else the family default); a "
+                             "learned teacher grid is resampled to it")
+    parser.add_argument('--student-no-cls', action='store_true',
+                        help="student without class token (global average pooling), as MHLA, "
+                             "TTT and the impulse init need")
+    parser.add_argument('--student-pos-embed', default=None, choices=('learned', 'sincos', 'none'),
+                        help="student position embedding (default: the teacher's)")
+    parser.add_argument('--seed', type=int, default=0, help='seed of the student initialisation')
+    parser.add_argument('--report', default=None,
+                        help='JSON report path (default: OUT_CKPT with a .json extension)')
+    parser.add_argument('--trust-checkpoint', action='store_true',
+                        help='allow a full unpickle of a teacher file that holds Python objects '
+                             '(runs code from the file: only for trusted files)')
+    return parser.parse_args(argv)
+
+
+def _parse_json_or_name(text: str) -> Any:
+    """JSON value if ``text`` is JSON, else the text itself (names like ``elu``)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def parse_operators(operator: Optional[str], per_layer: Optional[str]) -> Union[str, dict, list]:
+    """The student's ``attn_cfg`` from ``--operator`` / ``--operator-per-layer``."""
+    if (operator is None) == (per_layer is None):
+        raise SystemExit('error: give exactly one of --operator and --operator-per-layer')
+    if operator is not None:
+        return _parse_json_or_name(operator)
+    value = _parse_json_or_name(per_layer)
+    if isinstance(value, list):
+        return value
+    return [name.strip() for name in per_layer.split(',') if name.strip()]
+
+
+def parse_strategy_args(items: List[str]) -> Dict[str, Any]:
+    """``['alpha=0.5', 'base=mlp_copy']`` -> ``{'alpha': 0.5, 'base': 'mlp_copy'}``."""
+    options = {}
+    for item in items:
+        key, sep, value = item.partition('=')
+        if not sep or not key:
+            raise SystemExit(f'error: --strategy-arg expects KEY=VALUE, got {item!r}')
+        options[key.strip()] = _parse_json_or_name(value)
+    return options
+
+
+def teacher_structure(state_dict: Dict[str, torch.Tensor]) -> Dict[str, Any]:
+    """Constructor options the checkpoint itself fixes (tokens, position embedding, patch)."""
+    structure = dict(
+        with_cls_token='cls_token' in state_dict,
+        num_reg_tokens=int(state_dict['reg_token'].shape[1]) if 'reg_token' in state_dict else 0,
+        with_mask_token='mask_token' in state_dict,
+        pos_embed_type='learned' if 'pos_embed' in state_dict else 'sincos')
+    patch = state_dict.get('patch_embed.proj.weight')
+    if patch is not None and patch.ndim == 4:
+        structure['patch_size'] = int(patch.shape[-1])
+    return structure
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Runs the linearization; returns the process exit code."""
+    args = parse_args(argv)
+    attn_cfg = parse_operators(args.operator, args.operator_per_layer)
+    strategy_options = parse_strategy_args(args.strategy_arg)
+    arch = _parse_json_or_name(args.arch)
+
+    raw = load_checkpoint_file(args.teacher_ckpt, trust_checkpoint=args.trust_checkpoint)
+    state_dict, conversion = convert_state_dict(raw, layout=args.layout)
+    structure = teacher_structure(state_dict)
+
+    teacher_cfg = dict(arch=arch, family=args.family, attn_cfg='softmax', **structure)
+    if structure['with_cls_token']:
+        teacher_cfg['out_type'] = 'cls_token'
+    else:
+        teacher_cfg['out_type'] = 'avg_featmap'
+    teacher = VisionTransformer(**teacher_cfg)
+    check_state_dict_fits(teacher, state_dict, strict=True,
+                          source=f'{args.teacher_ckpt!r} (read as layout '
+                                 f'{conversion.source_layout!r})')
+    teacher.load_state_dict(state_dict, strict=True)
+
+    student_cfg = dict(teacher_cfg, attn_cfg=attn_cfg)
+    if args.img_size is not None:
+        student_cfg['img_size'] = args.img_size
+    elif teacher.pos_embed is not None:  # the resolution the teacher's grid was learned at
+        grid = [side * teacher.patch_size for side in teacher.pos_grid]
+        student_cfg['img_size'] = grid[0] if grid[0] == grid[1] else grid
+    if args.student_no_cls:
+        student_cfg.update(with_cls_token=False, out_type='avg_featmap')
+    if args.student_pos_embed is not None:
+        student_cfg['pos_embed_type'] = args.student_pos_embed
+    torch.manual_seed(args.seed)
+    student = VisionTransformer(**student_cfg)
+
+    report = transfer_weights(student, teacher, args.strategy, **strategy_options)
+    operators = student.attn_cfgs
+    teacher_meta = dict(checkpoint=os.path.abspath(args.teacher_ckpt),
+                        layout=conversion.source_layout,
+                        dropped_by_conversion=sorted(conversion.dropped))
+    meta = dict(operators=operators, strategy=report.strategy, strategy_options=report.options,
+                seed=args.seed, report=report.to_dict(), student_cfg=student_cfg,
+                teacher=teacher_meta)
+    out_dir = os.path.dirname(os.path.abspath(args.out_ckpt))
+    os.makedirs(out_dir, exist_ok=True)
+    torch.save(dict(state_dict=student.state_dict(), meta=meta), args.out_ckpt)
+
+    report_path = args.report or os.path.splitext(args.out_ckpt)[0] + '.json'
+    report_dir = os.path.dirname(os.path.abspath(report_path))
+    os.makedirs(report_dir, exist_ok=True)
+    with open(report_path, 'w') as f:
+        json.dump(dict(teacher=teacher_meta, student_cfg=student_cfg, operators=operators,
+                       transfer=report.to_dict()), f, indent=1)
+    print(report.summary())
+    print(f'wrote the student to {args.out_ckpt} and the report to {report_path}')
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""Converts a ViT checkpoint from an official layout into mmlinvit's canonical layout.
+
+Usage::
+
+    python tools/model_converters/convert_checkpoint.py SRC DST \
+        --layout {auto,dinov2,timm,openai_clip,mmpretrain} [--keep-projection] \
+        [--no-embed-class {true,false}] [--trust-checkpoint]
+
+The output is ``dict(state_dict=..., meta=dict(source_layout=..., report=...))`` (plus
+``extras=dict(proj=...)`` with ``--keep-projection``), readable with
+``torch.load(weights_only=True)``; the conversion report is printed.
+"""
+import argparse
+import os
+import sys
+from typing import List, Optional
+
+import torch
+
+from mmlinvit.converters import (convert_state_dict, layout_names, load_checkpoint_file)
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    """Command-line arguments."""
+    parser = argparse.ArgumentParser(
+        description='Convert a ViT checkpoint into the canonical mmlinvit layout.')
+    parser.add_argument('src', help='source checkpoint (.pth / .pt / .safetensors)')
+    parser.add_argument('dst', help='output checkpoint path')
+    parser.add_argument('--layout', default='auto', choices=layout_names(),
+                        help='source layout (default: detect it)')
+    parser.add_argument('--keep-projection', action='store_true',
+                        help='openai_clip: keep the image projection in extras["proj"]')
+    parser.add_argument('--no-embed-class', choices=('true', 'false'), default=None,
+                        help='timm: whether pos_embed excludes the prefix tokens (default: infer)')
+    parser.add_argument('--trust-checkpoint', action='store_true',
+                        help='allow a full unpickle of a file that holds Python objects '
+                             '(runs code from the file: only for trusted files)')
+    return parser.parse_args(argv)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Runs the conversion; returns the process exit code."""
+    args = parse_args(argv)
+    raw = load_checkpoint_file(args.src, trust_checkpoint=args.trust_checkpoint)
+    options = {}
+    if args.keep_projection:
+        options['keep_projection'] = True
+    if args.no_embed_class is not None:
+        options['no_embed_class'] = args.no_embed_class == 'true'
+    state_dict, report = convert_state_dict(raw, layout=args.layout, **options)
+    output = dict(state_dict=state_dict,
+                  meta=dict(source_layout=report.source_layout, report=report.to_dict()))
+    if report.extras:
+        output['extras'] = dict(report.extras)
+    out_dir = os.path.dirname(os.path.abspath(args.dst))
+    os.makedirs(out_dir, exist_ok=True)
+    torch.save(output, args.dst)
+    print(report.format())
+    print(f'wrote {len(state_dict)} tensors to {args.dst}')
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

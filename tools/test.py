@@ -1,0 +1,65 @@
+"""Evaluate a checkpoint of a segmentation (mmseg) or classification (mmpretrain) config.
+
+Same flags as mmseg's ``tools/test.py``; the config's ``default_scope`` picks the world.
+
+Examples::
+
+    python tools/test.py configs/adala_dinov2_ade20k.py work_dirs/x/iter_160000.pth
+    python tools/test.py CONFIG CKPT --show-dir work_dirs/x/vis --cfg-options model.test_cfg.mode=slide
+    bash tools/dist_test.sh CONFIG CKPT 8
+"""
+import argparse
+import os
+import sys
+from typing import List, Optional
+
+from mmengine.config import Config, DictAction
+
+from mmlinvit.engine.launch import LAUNCHERS, build_runner, prepare_test_config
+from mmlinvit.engine.preflight import MissingInputsError
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    """Parses the command line (mmseg's test flags)."""
+    parser = argparse.ArgumentParser(description='Evaluate a checkpoint of an mmlinvit config')
+    parser.add_argument('config', help='config file path')
+    parser.add_argument('checkpoint', help='checkpoint file')
+    parser.add_argument('--work-dir', help='directory for the evaluation logs')
+    parser.add_argument('--out', help='directory where raw predictions are dumped (mmseg) or '
+                        'a pickle file of results (mmpretrain)')
+    parser.add_argument('--show', action='store_true', help='display predictions')
+    parser.add_argument('--show-dir', help='directory where painted predictions are saved')
+    parser.add_argument('--wait-time', type=float, default=2, help='seconds per shown image')
+    parser.add_argument('--interval', type=int, default=1, help='visualise every N-th sample')
+    parser.add_argument(
+        '--cfg-options',
+        nargs='+',
+        action=DictAction,
+        help='override config keys, e.g. model.test_cfg.mode=slide')
+    parser.add_argument('--launcher', choices=LAUNCHERS, default='none', help='job launcher')
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    args = parser.parse_args(argv)
+    if 'LOCAL_RANK' not in os.environ:
+        os.environ['LOCAL_RANK'] = str(args.local_rank)
+    return args
+
+
+def main(argv: Optional[List[str]] = None) -> dict:
+    """Loads the config, applies the flags, checks inputs and evaluates; returns the metrics."""
+    args = parse_args(argv)
+    cfg = Config.fromfile(args.config)
+    if args.cfg_options is not None:
+        cfg.merge_from_dict(args.cfg_options)
+    prepare_test_config(cfg, args.config, args.checkpoint, work_dir=args.work_dir,
+                        show_dir=args.show_dir, show=args.show, wait_time=args.wait_time,
+                        interval=args.interval, out=args.out, launcher=args.launcher)
+    try:
+        runner = build_runner(cfg, mode='test', checkpoint=args.checkpoint)
+    except MissingInputsError as err:
+        raise SystemExit(f'error: {err}') from None
+    return runner.test()
+
+
+if __name__ == '__main__':
+    main()
+    sys.exit(0)

@@ -1,0 +1,65 @@
+"""Train a segmentation (mmseg) or classification (mmpretrain) model from an mmlinvit config.
+
+Same flags as mmseg's ``tools/train.py``; the config's ``default_scope`` picks the world.
+Every data root and checkpoint the config names is checked before anything is built.
+
+Examples::
+
+    python tools/train.py configs/adala_dinov2_ade20k.py
+    python tools/train.py CONFIG --work-dir work_dirs/x --amp --cfg-options train_cfg.max_iters=100
+    python tools/train.py CONFIG --resume             # latest checkpoint of the work dir
+    bash tools/dist_train.sh CONFIG 8                 # torchrun, --launcher pytorch
+"""
+import argparse
+import os
+import sys
+from typing import List, Optional
+
+from mmengine.config import Config, DictAction
+
+from mmlinvit.engine.launch import LAUNCHERS, build_runner, prepare_train_config
+from mmlinvit.engine.preflight import MissingInputsError
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    """Parses the command line (mmseg's train flags, plus ``--resume [CKPT]``)."""
+    parser = argparse.ArgumentParser(description='Train a model from an mmlinvit config')
+    parser.add_argument('config', help='config file path')
+    parser.add_argument('--work-dir', help='directory for logs and checkpoints')
+    parser.add_argument(
+        '--resume',
+        nargs='?',
+        const='auto',
+        default=None,
+        help='resume from CKPT, or from the latest checkpoint of the work dir if no CKPT is given')
+    parser.add_argument('--amp', action='store_true', help='mixed-precision training')
+    parser.add_argument(
+        '--cfg-options',
+        nargs='+',
+        action=DictAction,
+        help='override config keys, e.g. train_cfg.max_iters=1000 model.backbone.pretrained=x')
+    parser.add_argument('--launcher', choices=LAUNCHERS, default='none', help='job launcher')
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    args = parser.parse_args(argv)
+    if 'LOCAL_RANK' not in os.environ:
+        os.environ['LOCAL_RANK'] = str(args.local_rank)
+    return args
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    """Loads the config, applies the flags, checks inputs and trains."""
+    args = parse_args(argv)
+    cfg = Config.fromfile(args.config)
+    if args.cfg_options is not None:
+        cfg.merge_from_dict(args.cfg_options)
+    prepare_train_config(cfg, args.config, work_dir=args.work_dir, resume=args.resume,
+                         amp=args.amp, launcher=args.launcher)
+    try:
+        runner = build_runner(cfg, mode='train')
+    except MissingInputsError as err:
+        raise SystemExit(f'error: {err}') from None
+    runner.train()
+
+
+if __name__ == '__main__':
+    sys.exit(main())
