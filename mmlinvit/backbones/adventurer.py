@@ -201,7 +201,8 @@ class Adventurer(nn.Module):
         with_mask_token: Whether a learnable ``mask_token`` exists (masked distillation).
             Build with ``False`` to load released checkpoints, which have none.
         drop_rate: Dropout after the position embedding and in the MLPs.
-        drop_path_rate: Maximum stochastic depth rate (linearly increasing over blocks).
+        drop_path_rate: Maximum stochastic depth rate, linearly increasing from 0 at the
+            first block (the public code shifts this schedule by one block).
         out_indices: Block indices whose outputs :meth:`forward` returns (negative allowed).
         out_type: ``'raw'`` (B, n + 1, C), ``'cls_token'`` (B, C), ``'avg_featmap'`` (B, C: mean
             of patch tokens) or ``'featmap'`` (B, C, h, w).

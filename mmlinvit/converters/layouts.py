@@ -31,7 +31,9 @@ CHECKPOINT_LAYOUTS = NameRegistry('checkpoint layout')
 
 #: Wrapper prefixes selected before detection, in order of preference: the first one that
 #: some key carries selects the keys under it; the others are dropped and reported.
-BACKBONE_PREFIXES = ('teacher.backbone.', 'backbone.')
+#: ``student.backbone.`` / ``student.``: checkpoints of mmlinvit.DistillationModel (task-model /
+#: bare-backbone student; the teacher is never saved there).
+BACKBONE_PREFIXES = ('teacher.backbone.', 'student.backbone.', 'backbone.', 'student.')
 
 
 def _is_square(n: int) -> bool:
@@ -246,6 +248,9 @@ _CLIP_SWAPS = (
     (r'^transformer\.resblocks\.(\d+)\.attn\.out_proj\.', r'blocks.\1.attn.proj.'),
     (r'^transformer\.resblocks\.(\d+)\.mlp\.c_fc\.', r'blocks.\1.mlp.fc1.'),
     (r'^transformer\.resblocks\.(\d+)\.mlp\.c_proj\.', r'blocks.\1.mlp.fc2.'),
+    # OpenCLIP's variant of the layout adds LayerScale.
+    (r'^transformer\.resblocks\.(\d+)\.ls_1\.gamma$', r'blocks.\1.ls1.gamma'),
+    (r'^transformer\.resblocks\.(\d+)\.ls_2\.gamma$', r'blocks.\1.ls2.gamma'),
 )
 
 

@@ -3,6 +3,7 @@ import importlib.util
 import inspect
 import os
 import pickle
+import re
 from typing import Any, List, Mapping, Tuple, Union
 
 import torch
@@ -14,6 +15,11 @@ from .report import ConversionReport, summarise_keys
 
 #: Keys under which training frameworks nest the weights, unwrapped in this order.
 WRAPPER_KEYS = ('state_dict', 'model', 'module', 'teacher')
+
+#: Attention-operator parameters beyond ``qkv`` / ``proj`` (feature maps, block mixing, TTT
+#: inner models...): no softmax checkpoint has them, so their absence is never an error; they
+#: keep the operator's documented init and are listed in ``report.missing``.
+OPERATOR_EXTRA_KEY = re.compile(r'^blocks\.\d+\.attn\.(?!qkv\.|proj\.)')
 
 
 class CheckpointMismatchError(ValueError):
@@ -80,12 +86,13 @@ def load_checkpoint_file(path: str, trust_checkpoint: bool = False) -> StateDict
         obj = torch.load(path, map_location='cpu', weights_only=True)
     except pickle.UnpicklingError as err:
         if not trust_checkpoint:
-            first_line = str(err).strip().splitlines()[-1] if str(err).strip() else ''
+            found = re.search(r'Unsupported global: GLOBAL ([\w.]+)', str(err))
+            what = f' ({found.group(1)})' if found else ''
             raise UntrustedCheckpointError(
-                f'{path!r} holds Python objects besides tensors, so the safe '
-                f'torch.load(weights_only=True) refuses it ({first_line}). If you trust the '
-                f'file, pass trust_checkpoint=True (CLI: --trust-checkpoint), or re-save only '
-                f'its weights.') from err
+                f'{path!r} holds Python objects besides tensors{what}, so the safe '
+                f'torch.load(weights_only=True) refuses it. If you trust the file, pass '
+                f'trust_checkpoint=True (CLI: --trust-checkpoint), or re-save only its '
+                f'weights.') from err
         obj = torch.load(path, map_location='cpu', weights_only=False)
     state_dict, _ = _unwrap(obj, repr(path))
     return state_dict
@@ -170,6 +177,7 @@ def check_state_dict_fits(model: nn.Module,
     """Compares keys and shapes; raises one error naming every disagreement.
 
     A ``pos_embed`` with another (square) grid fits: the backbone adopts the checkpoint grid.
+    Missing attention-operator extras (:data:`OPERATOR_EXTRA_KEY`) are never errors.
 
     Args:
         model: The model to load into.
@@ -196,7 +204,8 @@ def check_state_dict_fits(model: nn.Module,
         if tuple(value.shape) != tuple(own.shape):
             mismatched.append(f'{key}: checkpoint {tuple(value.shape)} vs model '
                               f'{tuple(own.shape)}')
-    if not mismatched and (not strict or not (missing or unexpected)):
+    hard_missing = [k for k in missing if not OPERATOR_EXTRA_KEY.match(k)]
+    if not mismatched and (not strict or not (hard_missing or unexpected)):
         return missing, unexpected
     lines = [f'{source} does not fit {type(model).__name__}'
              f'(family={getattr(model, "family", "?")!r}, arch={getattr(model, "arch", "?")!r}, '
@@ -207,8 +216,9 @@ def check_state_dict_fits(model: nn.Module,
         lines.extend(f'  {m}' for m in mismatched[:40])
         if len(mismatched) > 40:
             lines.append(f'  ... and {len(mismatched) - 40} more')
-    if strict and missing:
-        lines.append(f'missing keys ({len(missing)}): {", ".join(summarise_keys(missing))}')
+    if strict and hard_missing:
+        lines.append(f'missing keys ({len(hard_missing)}): '
+                     f'{", ".join(summarise_keys(hard_missing))}')
     if strict and unexpected:
         lines.append(f'unexpected keys ({len(unexpected)}): '
                      f'{", ".join(summarise_keys(unexpected))}')
@@ -236,7 +246,8 @@ def load_pretrained(model: nn.Module,
         checkpoint: Checkpoint file path or an in-memory (possibly wrapped) state dict.
         layout: Source layout, ``'auto'`` to detect it.
         strict: Whether missing / unexpected keys are errors; if False they are skipped and
-            listed in the report.  Shape disagreements are always errors.
+            listed in the report.  Shape disagreements are always errors; missing
+            attention-operator extras (e.g. a student's feature maps) never are.
         trust_checkpoint: Allow a full unpickle of files that need it (see
             :func:`load_checkpoint_file`).
         **options: Layout converter options (see :func:`convert_state_dict`).
@@ -255,7 +266,8 @@ def load_pretrained(model: nn.Module,
         model, converted, strict=strict,
         source=f'{source} (read as layout {report.source_layout!r})')
     loadable = {k: v for k, v in converted.items() if k not in unexpected}
-    model.load_state_dict(loadable, strict=strict)
+    # Everything was checked above; strict=False only lets operator extras stay at init.
+    model.load_state_dict(loadable, strict=False)
     report.loaded = len(loadable)
     report.missing = missing
     report.unexpected = unexpected

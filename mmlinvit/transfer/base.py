@@ -71,15 +71,29 @@ class TransferReport:
     details: Dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def validate(self, student_keys: Set[str], teacher_keys: Set[str]) -> None:
-        """Raises ``AssertionError`` when the documented invariants do not hold."""
-        assert not self.copied & self.initialized, 'copied and initialized overlap'
-        assert self.copied | self.initialized == student_keys, 'student keys not partitioned'
-        parts = (self.copied, self.skipped, self.no_counterpart)
-        assert sum(len(p) for p in parts) == len(teacher_keys), 'teacher sets overlap'
-        assert set().union(*parts) == teacher_keys, 'teacher keys not partitioned'
-        assert self.student_only <= self.initialized
-        assert self.strategy_initialized <= self.initialized
-        assert set(self.adapted) <= self.copied
+        """Raises ``AssertionError`` naming the first documented invariant that does not hold.
+
+        Args:
+            student_keys: All state-dict keys of the student.
+            teacher_keys: All state-dict keys of the teacher.
+        """
+        teacher_parts = (self.copied, self.skipped, self.no_counterpart)
+        checks = (
+            (not self.copied & self.initialized, 'copied and initialized overlap'),
+            (self.copied | self.initialized == student_keys,
+             'copied | initialized is not the set of student keys'),
+            (sum(len(p) for p in teacher_parts) == len(set().union(*teacher_parts)),
+             'copied, skipped and no_counterpart overlap'),
+            (set().union(*teacher_parts) == teacher_keys,
+             'copied | skipped | no_counterpart is not the set of teacher keys'),
+            (self.student_only <= self.initialized, 'student_only is not within initialized'),
+            (self.strategy_initialized <= self.initialized,
+             'strategy_initialized is not within initialized'),
+            (set(self.adapted) <= self.copied, 'adapted is not within copied'),
+        )
+        for holds, problem in checks:
+            if not holds:
+                raise AssertionError(f'Inconsistent transfer report ({self.strategy}): {problem}')
 
     def to_dict(self) -> Dict[str, Any]:
         """JSON-ready dict: sorted name lists plus their counts."""

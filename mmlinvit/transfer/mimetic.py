@@ -12,9 +12,11 @@ head h].T``, C x d), per layer:
 Each target ``M = U S V^T`` (SVD) is split as ``L = U sqrt(S)``, ``R = V sqrt(S)`` restricted
 to the first ``d`` singular directions for q/k (``W_q^h = L[:, :d]``, ``W_k^h = R[:, :d]``:
 the best rank-``d`` approximation, since a head has only ``d`` dims) and to all ``C`` for v/proj
-(``W_v = L``, ``W_proj = R^T``: exact).  Biases keep the student's (zero) initialisation.
-Layer ``i`` draws its ``Z`` matrices from ``torch.Generator().manual_seed(seed + i)`` in the
-order ``Z_1 .. Z_H, Z_v`` (see :func:`mimetic_targets`).
+(``W_v = L``, ``W_proj = R^T``: exact).  Targets are drawn in float64 on the CPU (reproducible
+across devices) and split in float32 on the weights' device.  Biases keep the student's (zero)
+initialisation.  Layer ``i`` draws its ``Z`` matrices from
+``torch.Generator().manual_seed(seed + i)`` in the order ``Z_1 .. Z_H, Z_v`` (see
+:func:`mimetic_targets`).
 
 Nothing is copied from the teacher except what the ``base`` strategy copies (``'random'``:
 nothing, ``'mlp_copy'``: MLPs and their norms); the teacher is still needed for the pairing
@@ -107,7 +109,11 @@ class MimeticInit(AttentionInitStrategy):
             gen = torch.Generator().manual_seed(self.seed + i)
             qk, vo = mimetic_targets(c, heads, self.alpha, self.beta, self.v_alpha, self.v_beta,
                                      gen)
-            weight = torch.empty_like(attn.qkv.weight, dtype=torch.float64, device='cpu')
+            # The SVDs run in float32 on the weights' device (a GPU makes ViT-L instant).
+            device = attn.qkv.weight.device
+            qk = qk.to(device, torch.float32)
+            vo = vo.to(device, torch.float32)
+            weight = torch.empty_like(attn.qkv.weight, dtype=torch.float32)
             for h in range(heads):
                 left, right = split_low_rank(qk[h], d)
                 weight[h * d:(h + 1) * d] = left.T
@@ -115,7 +121,7 @@ class MimeticInit(AttentionInitStrategy):
             left, right = split_low_rank(vo, c)
             weight[2 * c:] = left.T
             attn.qkv.weight.copy_(weight)
-            attn.proj.weight.copy_(right)
+            attn.proj.weight.copy_(right)  # float32 -> the weights' dtype
             written.update({f'blocks.{i}.attn.qkv.weight', f'blocks.{i}.attn.proj.weight'})
         return written
 

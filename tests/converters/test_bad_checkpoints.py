@@ -114,6 +114,22 @@ def test_non_strict_skips_and_reports_missing_and_unexpected():
     assert 'unexpected (ignored)' in report.format()
 
 
+def test_student_operator_extras_may_be_missing_in_strict_mode():
+    ckpt = dinov2_hub_checkpoint()
+    student = VisionTransformer(arch=tiny_arch(), family='dinov2', img_size=56,
+                                num_reg_tokens=4, attn_cfg='hedgehog')
+    feature_q = student.blocks[0].attn.feature_q.detach().clone()
+    report = load_pretrained(student, ckpt, strict=True)
+    assert 'blocks.0.attn.feature_q' in report.missing
+    assert torch.equal(student.blocks[0].attn.feature_q, feature_q)
+    assert torch.equal(student.blocks[1].attn.qkv.weight, ckpt['blocks.1.attn.qkv.weight'])
+    # A missing qkv is still an error.
+    partial = {k: v for k, v in ckpt.items() if k != 'blocks.1.attn.qkv.weight'}
+    with pytest.raises(CheckpointMismatchError, match=r'missing keys \(1\): '
+                       r'blocks.1.attn.qkv.weight'):
+        load_pretrained(student, partial)
+
+
 def test_other_grid_is_adopted_but_non_square_count_is_not():
     ckpt = dinov2_hub_checkpoint()  # 4 x 4 grid (56 / 14)
     model = VisionTransformer(arch=tiny_arch(), family='dinov2', img_size=98, num_reg_tokens=4)
@@ -141,6 +157,7 @@ def test_weights_only_refusal_names_the_fix(tmp_path):
     with pytest.raises(UntrustedCheckpointError) as info:
         load_checkpoint_file(path)
     assert 'trust_checkpoint=True' in str(info.value)
+    assert 'argparse.Namespace' in str(info.value)
     assert '--trust-checkpoint' in str(info.value)
     model = VisionTransformer(arch=tiny_arch(), family='dinov2', img_size=56, num_reg_tokens=4)
     before = snapshot(model)
@@ -211,6 +228,22 @@ def test_cli_round_trip(tmp_path):
     x = torch.randn(1, 3, 70, 42)
     with torch.no_grad():
         assert torch.equal(direct(x)[0], via_cli(x)[0])
+
+
+def test_cli_refuses_untrusted_files_with_exit_code_1(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location(
+        'convert_checkpoint', os.path.join(REPO, 'tools', 'model_converters',
+                                           'convert_checkpoint.py'))
+    cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli)
+    src = str(tmp_path / 'untrusted.pth')
+    dst = str(tmp_path / 'out.pth')
+    torch.save(dict(model=dinov2_hub_checkpoint(), args=argparse.Namespace(lr=0.1)), src)
+    assert cli.main([src, dst]) == 1
+    assert '--trust-checkpoint' in capsys.readouterr().err
+    assert not os.path.exists(dst)
+    assert cli.main([src, dst, '--trust-checkpoint']) == 0
+    assert torch.load(dst, weights_only=True)['meta']['source_layout'] == 'dinov2'
 
 
 @pytest.mark.skipif(importlib.util.find_spec('mmpretrain') is None,

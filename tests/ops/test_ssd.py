@@ -8,8 +8,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from mmlinvit.layers.mamba2 import Mamba2Mixer
 from mmlinvit.layers.norm import GatedRMSNorm, RMSNorm
-from mmlinvit.ops.ssd import (segment_sums, ssd_scan, ssd_scan_chunked, ssd_scan_naive,
-                              triton_kernel_available)
+from mmlinvit.ops.ssd import (decay_matrix, segment_sums, ssd_scan, ssd_scan_chunked,
+                              ssd_scan_naive, triton_kernel_available)
 
 
 def make_inputs(batch=2, length=20, heads=4, headdim=8, groups=2, d_state=16,
@@ -141,6 +141,36 @@ def test_segment_sums():
                 assert seg[0, i, j] == float('-inf')
             else:
                 torch.testing.assert_close(seg[1, i, j], a[1, j + 1:i + 1].sum())
+
+
+def test_segment_sums_stay_accurate_for_large_cumulative_sums():
+    """fp32 seg vs fp64 truth when |cumsum| reaches ~600: a plain fp32 difference of
+    cumulative sums is off by ~5e-5 here; the hi/lo difference by ~1e-7."""
+    a = -(torch.rand(4, 256, dtype=torch.float64) * 5)
+    truth = segment_sums(a)
+    lower = torch.ones(256, 256, dtype=torch.bool).tril()
+    seg = segment_sums(a.float()).double()
+    rel = ((seg - truth).abs() / (1 + truth.abs()))[..., lower]
+    assert rel.max() < 1e-6
+    decay = decay_matrix(a.float())
+    assert (decay[..., ~lower] == 0).all()
+    torch.testing.assert_close(decay.double(), truth.exp(), rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(decay_matrix(a.float(), inplace=True), decay, rtol=1e-6,
+                               atol=1e-7)
+
+
+def test_strong_decay_large_chunks_gradients_finite():
+    """Decays far below exp(-80) and long chunks: no inf / NaN in forward or backward."""
+    x, dt, A, B, C, D = make_inputs(batch=1, length=130, heads=2, groups=1, d_state=4,
+                                    headdim=4)
+    dt = dt + 2.0
+    A = torch.full_like(A, -16.0)
+    leaves = [t.clone().requires_grad_(True) for t in (x, dt, A, B, C, D)]
+    out = ssd_scan_chunked(*leaves, chunk_size=128)
+    torch.testing.assert_close(out, ssd_scan_naive(x, dt, A, B, C, D), rtol=1e-5, atol=1e-5)
+    (out * 1e3).pow(2).sum().backward()
+    for t in leaves:
+        assert torch.isfinite(t.grad).all()
 
 
 class _MaxNumel(TorchDispatchMode):

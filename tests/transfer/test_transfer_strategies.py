@@ -8,7 +8,6 @@ import sys
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from mmlinvit.backbones import VisionTransformer
 from mmlinvit.layers.pos_embed import resample_pos_grid

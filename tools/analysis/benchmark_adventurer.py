@@ -144,6 +144,7 @@ def main() -> None:
     print('memory: peak extra resident memory during the forwards (VmHWM after reset via '
           '/proc/self/clear_refs, minus VmRSS before; weights excluded), one fresh '
           'subprocess per case')
+    print('load average at start (1/5/15 min): %.2f %.2f %.2f' % os.getloadavg())
     rows = []
     for size in args.sizes:
         row = dict(size=f'{size[0]}x{size[1]}', tokens=(size[0] // 16) * (size[1] // 16) + 1)
@@ -153,6 +154,7 @@ def main() -> None:
                   f"{row[model_name]['img_per_s']:.3f} img/s, "
                   f"{row[model_name]['peak_mib']:.0f} MiB", flush=True)
         rows.append(row)
+    print('load average at end (1/5/15 min): %.2f %.2f %.2f' % os.getloadavg())
     print()
     print(format_table(rows))
 

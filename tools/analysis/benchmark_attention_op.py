@@ -10,8 +10,10 @@ One run prints one table.  Per token count N (ViT-B head shape by default: B=1, 
   counting the minimal traffic: read q, k, v + write out (forward), plus read q, k, v, dout +
   write dq, dk, dv (backward).
 
-Timing: median over ``--repeats`` calls after one warm-up call (CUDA: events after 3 warm-ups);
-a cell stops early once it has used ``--max-seconds`` (softmax at 16k tokens on 2 cores).
+Timing: median (``--stat``) over ``--repeats`` calls after one warm-up call (CUDA: events after
+3 warm-ups); the compared functions are called round-robin so that both see the same background
+load; a row stops repeating once it has used ``--max-seconds`` (softmax at 16k tokens on 2
+cores takes seconds per call).
 
 Memory: CPU: peak of live bytes allocated through the torch CPU allocator during the call,
 from ``torch.profiler`` memory events (op self-allocations and frees, in time order), inputs
@@ -44,8 +46,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument('--tokens', type=int, nargs='+', default=[197, 257, 1025, 4097, 16385])
     parser.add_argument('--repeats', type=int, default=None,
                         help='timed calls per cell (default 5 on CPU, 30 on CUDA)')
-    parser.add_argument('--max-seconds', type=float, default=30.0,
-                        help='stop repeating a cell after this many seconds')
+    parser.add_argument('--max-seconds', type=float, default=60.0,
+                        help='stop repeating a row after this many seconds')
+    parser.add_argument('--stat', choices=['median', 'min'], default='median',
+                        help='statistic over the timed calls')
     parser.add_argument('--batch', type=int, default=1)
     parser.add_argument('--heads', type=int, default=12)
     parser.add_argument('--head-dim', type=int, default=64)
@@ -62,30 +66,37 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_ms(fn: Callable[[], object], device: torch.device, repeats: int,
-            max_seconds: float) -> float:
-    """Median wall time of ``fn`` in ms (CUDA: events)."""
+def time_ms(fns: Dict[str, Callable[[], object]], device: torch.device, repeats: int,
+            max_seconds: float, stat: str) -> Dict[str, float]:
+    """Median (or min) wall time in ms of each function, calls interleaved round-robin.
+
+    Interleaving exposes all candidates to the same background load (shared CPU boxes).
+    """
     warmups = 3 if device.type == 'cuda' else 1
-    for _ in range(warmups):
-        fn()
+    for fn in fns.values():
+        for _ in range(warmups):
+            fn()
     _sync(device)
-    times: List[float] = []
+    times: Dict[str, List[float]] = {name: [] for name in fns}
     budget_start = time.perf_counter()
     for _ in range(repeats):
-        if device.type == 'cuda':
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            start_s = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - start_s) * 1e3)
+        for name, fn in fns.items():
+            if device.type == 'cuda':
+                start = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+                times[name].append(start.elapsed_time(end))
+            else:
+                start_s = time.perf_counter()
+                fn()
+                times[name].append((time.perf_counter() - start_s) * 1e3)
         if time.perf_counter() - budget_start > max_seconds:
             break
-    return statistics.median(times)
+    reduce = statistics.median if stat == 'median' else min
+    return {name: reduce(values) for name, values in times.items()}
 
 
 def cpu_peak_bytes(fn: Callable[[], object]) -> int:
@@ -153,8 +164,9 @@ def main() -> None:
         q, k, v = (torch.randn(shape, device=device, dtype=dtype) for _ in range(3))
         row: Dict[str, str] = {'N': str(n)}
         with torch.no_grad():
-            t_sdpa = time_ms(lambda: sdpa(q, k, v), device, repeats, args.max_seconds)
-            t_torch = time_ms(lambda: la_torch(q, k, v), device, repeats, args.max_seconds)
+            times = time_ms({'sdpa': lambda: sdpa(q, k, v), 'torch': lambda: la_torch(q, k, v)},
+                            device, repeats, args.max_seconds, args.stat)
+        t_sdpa, t_torch = times['sdpa'], times['torch']
         row['sdpa ms'] = f'{t_sdpa:.3f}'
         row['la-torch ms'] = f'{t_torch:.3f}'
         row['sdpa/la-torch'] = f'{t_sdpa / t_torch:.2f}x'
@@ -172,13 +184,14 @@ def main() -> None:
             elem = torch.finfo(dtype).bits // 8
             tensor_bytes = q.numel() * elem
             with torch.no_grad():
-                t_tri = time_ms(lambda: la_triton(q, k, v), device, repeats, args.max_seconds)
+                t_tri = time_ms({'triton': lambda: la_triton(q, k, v)}, device, repeats,
+                                args.max_seconds, args.stat)['triton']
             qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
             grad = torch.randn_like(q)
-            t_sdpa_fb = time_ms(fwd_bwd(sdpa, qg, kg, vg, grad), device, repeats,
-                                args.max_seconds)
-            t_tri_fb = time_ms(fwd_bwd(la_triton, qg, kg, vg, grad), device, repeats,
-                               args.max_seconds)
+            times = time_ms({'sdpa': fwd_bwd(sdpa, qg, kg, vg, grad),
+                             'triton': fwd_bwd(la_triton, qg, kg, vg, grad)}, device, repeats,
+                            args.max_seconds, args.stat)
+            t_sdpa_fb, t_tri_fb = times['sdpa'], times['triton']
             row['triton ms'] = f'{t_tri:.3f}'
             row['sdpa/triton'] = f'{t_sdpa / t_tri:.2f}x'
             row['sdpa f+b ms'] = f'{t_sdpa_fb:.3f}'
@@ -196,7 +209,7 @@ def main() -> None:
     header = list(rows[0].keys())
     widths = [max(len(h), *(len(r.get(h, '')) for r in rows)) for h in header]
     print(f'device={device} dtype={dtype} B={args.batch} H={args.heads} d={args.head_dim} '
-          f'feature_map={fm} threads={torch.get_num_threads()} repeats<={repeats} '
+          f'feature_map={fm} threads={torch.get_num_threads()} {args.stat} of <={repeats} '
           f'torch={torch.__version__}')
     if not args.no_memory:
         print('memory: ' + ('cuda max_memory_allocated delta' if on_cuda else

@@ -17,7 +17,8 @@ from typing import List, Optional
 
 import torch
 
-from mmlinvit.converters import (convert_state_dict, layout_names, load_checkpoint_file)
+from mmlinvit.converters import (UntrustedCheckpointError, convert_state_dict, layout_names,
+                                 load_checkpoint_file)
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -41,13 +42,17 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 def main(argv: Optional[List[str]] = None) -> int:
     """Runs the conversion; returns the process exit code."""
     args = parse_args(argv)
-    raw = load_checkpoint_file(args.src, trust_checkpoint=args.trust_checkpoint)
     options = {}
     if args.keep_projection:
         options['keep_projection'] = True
     if args.no_embed_class is not None:
         options['no_embed_class'] = args.no_embed_class == 'true'
-    state_dict, report = convert_state_dict(raw, layout=args.layout, **options)
+    try:
+        raw = load_checkpoint_file(args.src, trust_checkpoint=args.trust_checkpoint)
+        state_dict, report = convert_state_dict(raw, layout=args.layout, **options)
+    except (OSError, UntrustedCheckpointError, KeyError, TypeError, ValueError) as err:
+        print(f'error: {err}', file=sys.stderr)
+        return 1
     output = dict(state_dict=state_dict,
                   meta=dict(source_layout=report.source_layout, report=report.to_dict()))
     if report.extras:

@@ -25,6 +25,10 @@ class LinearConnector(nn.Module):
 
     def __init__(self, in_channels: int, out_channels: int, bias: bool = True) -> None:
         super().__init__()
+        if not isinstance(in_channels, int) or not isinstance(out_channels, int):
+            raise TypeError(f'LinearConnector needs integer in_channels (student width) and '
+                            f'out_channels (teacher width), got {in_channels!r} and '
+                            f'{out_channels!r}')
         self.in_channels = in_channels
         self.out_channels = out_channels
         self.proj = nn.Linear(in_channels, out_channels, bias=bias)

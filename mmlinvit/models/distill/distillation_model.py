@@ -29,6 +29,7 @@ and weighted term, summed into the total) and ``distill.gap_<term>`` (the term w
 """
 import fnmatch
 import inspect
+import logging
 from contextlib import contextmanager
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
@@ -262,7 +263,8 @@ class DistillationModel(BaseModel):
             print_log(f'Loaded the teacher weights from {ckpt}', logger='current')
         elif not getattr(teacher, 'pretrained', None) and not getattr(teacher, 'init_cfg', None):
             print_log('The teacher has no checkpoint (no teacher_ckpt, no pretrained=): it '
-                      'keeps its random initialisation', logger='current', level=30)
+                      'keeps its random initialisation', logger='current',
+                      level=logging.WARNING)
         # Never (re-)initialised by the runner, never trained.
         if isinstance(teacher, BaseModule):
             teacher._is_init = True
@@ -404,8 +406,9 @@ class DistillationModel(BaseModel):
         required = [p for p, v in params.items() if v.default is inspect.Parameter.empty
                     and v.kind in (v.POSITIONAL_OR_KEYWORD, v.KEYWORD_ONLY)]
         specs = []
+        takes_any = any(v.kind == v.VAR_KEYWORD for v in params.values())
         for arg, spec in dict(cfg.get('inputs') or {}).items():
-            if arg not in params:
+            if arg not in params and not takes_any:
                 raise DistillationConfigError(
                     f'distill term {term!r}: {type(loss).__name__}.forward has no argument '
                     f'{arg!r}; it accepts {accepted}')

@@ -49,22 +49,24 @@ _SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 def _feature(x, FEATURE: tl.constexpr):
     """phi(x) in fp32: 0 identity, 1 ELU+1, 2 ReLU."""
     if FEATURE == 1:
-        return tl.where(x > 0, x + 1.0, tl.exp(tl.minimum(x, 0.0)))
+        y = tl.where(x > 0, x + 1.0, tl.exp(tl.minimum(x, 0.0)))
     elif FEATURE == 2:
-        return tl.maximum(x, 0.0)
+        y = tl.maximum(x, 0.0)
     else:
-        return x
+        y = x
+    return y
 
 
 @triton.jit
 def _feature_grad(x, FEATURE: tl.constexpr):
     """phi'(x) in fp32."""
     if FEATURE == 1:
-        return tl.where(x > 0, 1.0, tl.exp(tl.minimum(x, 0.0)))
+        y = tl.where(x > 0, 1.0, tl.exp(tl.minimum(x, 0.0)))
     elif FEATURE == 2:
-        return tl.where(x > 0, 1.0, 0.0)
+        y = tl.where(x > 0, 1.0, 0.0)
     else:
-        return tl.full(x.shape, 1.0, tl.float32)
+        y = tl.full(x.shape, 1.0, tl.float32)
+    return y
 
 
 @triton.jit(do_not_specialize=['num_heads', 'M', 'D', 'E', 'tiles_per_chunk'])

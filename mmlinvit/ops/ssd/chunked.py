@@ -12,8 +12,8 @@ per-token log decay ``a_t = A_h dt_t`` and ``seg(i, j) = a_{j+1} + ... + a_i``:
   ``H_{c+1} = exp(a_0 + ... + a_{Q-1}) H_c + S_c`` (a loop over chunks),
   and every token adds ``exp(a_0 + ... + a_i) C_i H_c`` from the state entering its chunk.
 
-``seg`` is summed directly (masked cumulative sum), not as a difference of two long
-cumulative sums, so it stays accurate when the decays are large.  Everything runs in fp32
+``seg`` is a difference of fp64 cumulative sums (split hi + lo), so it stays accurate when
+the decays, and so the cumulative sums, are large.  Everything runs in fp32
 (fp64 when the inputs are fp64, which lets tests check the algebra to ~1e-12).
 The largest temporaries are (batch, chunks, H, Q, Q): O(L * H * Q) memory, linear in the
 sequence length for a fixed chunk size; ``chunks_per_step`` bounds them further.
@@ -27,24 +27,73 @@ import torch.nn.functional as F
 from .checks import check_ssd_inputs
 
 
+#: Floor of the log decay before ``exp``: exp(-80) ~ 1.8e-35 stands in for weights that
+#: would underflow (CPUs evaluate exp an order of magnitude slower when the result is
+#: denormal or zero).  Entries above the diagonal are zeroed in the log domain first, so
+#: nothing overflows, and are masked out of the result.
+LOG_DECAY_FLOOR = -80.0
+
+
+def _cumsum_differences(log_decay: torch.Tensor, inplace: bool) -> torch.Tensor:
+    """d[..., i, j] = cum_i - cum_j for all i, j, cum = cumsum(log_decay), fp32-accurate.
+
+    The cumulative sums are taken in fp64 and split into ``hi + lo`` (both in the input
+    dtype); ``(hi_i - hi_j) + lo_i - lo_j`` then carries only the rounding of the result,
+    whereas a plain fp32 difference of cumulative sums would lose ~eps * |cum|.
+    """
+    cum = log_decay.to(torch.float64).cumsum(dim=-1)
+    hi = cum.to(log_decay.dtype)
+    lo = (cum - hi.to(torch.float64)).to(log_decay.dtype)
+    if inplace:
+        diff = torch.sub(hi.unsqueeze(-1), hi.unsqueeze(-2))
+        return diff.add_(lo.unsqueeze(-1)).sub_(lo.unsqueeze(-2))
+    return (hi.unsqueeze(-1) - hi.unsqueeze(-2)) + (lo.unsqueeze(-1) - lo.unsqueeze(-2))
+
+
 def segment_sums(log_decay: torch.Tensor) -> torch.Tensor:
     """seg[..., i, j] = sum_{k=j+1}^{i} log_decay[..., k] for i >= j, -inf above the diagonal.
 
     Args:
-        log_decay: (..., Q).
+        log_decay: (..., Q), fp32 or fp64.
 
     Returns:
-        (..., Q, Q); ``exp`` of it is the lower-triangular decay matrix of a chunk.
+        (..., Q, Q) in the dtype of ``log_decay``, as accurate as a direct sum.
     """
     q = log_decay.shape[-1]
-    ones = torch.ones(q, q, dtype=torch.bool, device=log_decay.device)
-    # rows index k, columns index j: keep a_k where k > j, then sum the rows up to i.
-    terms = log_decay.unsqueeze(-1).expand(*log_decay.shape, q).masked_fill(~ones.tril(-1), 0.0)
-    return terms.cumsum(dim=-2).masked_fill(~ones.tril(0), float('-inf'))
+    upper = torch.ones(q, q, dtype=torch.bool, device=log_decay.device).triu(1)
+    return _cumsum_differences(log_decay, inplace=False).masked_fill(upper, float('-inf'))
+
+
+def _unmasked_decay(log_decay: torch.Tensor, inplace: bool) -> torch.Tensor:
+    """exp(seg) below the diagonal and 1 above it (seg zeroed there), floored, (..., Q, Q)."""
+    q = log_decay.shape[-1]
+    causal = torch.ones(q, q, dtype=log_decay.dtype, device=log_decay.device).tril()
+    seg = _cumsum_differences(log_decay, inplace)
+    if inplace:
+        return seg.mul_(causal).clamp_(min=LOG_DECAY_FLOOR).exp_()
+    return (seg * causal).clamp(min=LOG_DECAY_FLOOR).exp()
+
+
+def decay_matrix(log_decay: torch.Tensor, inplace: bool = False) -> torch.Tensor:
+    """exp(segment_sums(log_decay)): lower-triangular chunk decay, exactly 0 above.
+
+    Args:
+        log_decay: (..., Q), fp32 or fp64.
+        inplace: Build it in one buffer with in-place ops (no autograd).
+
+    Returns:
+        (..., Q, Q) in the dtype of ``log_decay``; log values are floored at
+        :data:`LOG_DECAY_FLOOR` before the exp.
+    """
+    q = log_decay.shape[-1]
+    causal = torch.ones(q, q, dtype=log_decay.dtype, device=log_decay.device).tril()
+    decay = _unmasked_decay(log_decay, inplace)
+    return decay.mul_(causal) if inplace else decay * causal
 
 
 def _scan_chunk_block(xdt: torch.Tensor, log_decay: torch.Tensor, b: torch.Tensor,
-                      c: torch.Tensor, state: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+                      c: torch.Tensor, state: torch.Tensor,
+                      inplace: bool) -> Tuple[torch.Tensor, torch.Tensor]:
     """Scans consecutive chunks given the state entering the first one.
 
     Args:
@@ -53,27 +102,37 @@ def _scan_chunk_block(xdt: torch.Tensor, log_decay: torch.Tensor, b: torch.Tenso
         b: (batch, k, Q, G, N).
         c: (batch, k, Q, G, N).
         state: (batch, G, R, P, N), the state before the first chunk.
+        inplace: Reuse the (Q, Q) buffers in place (only when no gradient is needed).
 
     Returns:
         y (batch, k, Q, G, R, P) and the state after the last chunk.
     """
-    decay = segment_sums(log_decay).exp()  # (batch, k, G, R, Q, Q)
-    scores = torch.einsum('bkign,bkjgn->bkgij', c, b)  # (batch, k, G, Q, Q)
-    y = torch.einsum('bkgrij,bkjgrp->bkigrp', decay * scores.unsqueeze(3), xdt)
+    q = log_decay.shape[-1]
+    # The causal mask is folded into the (smaller) scores below; the last row (decay to the
+    # chunk end) has nothing above the diagonal.
+    decay = _unmasked_decay(log_decay, inplace)  # (batch, k, G, R, Q, Q)
 
-    # Each chunk's own contribution to the state at its end.
+    # Each chunk's own contribution to the state at its end (uses decay[..., Q - 1, j]).
     to_end = decay[..., -1, :].permute(0, 1, 4, 2, 3).unsqueeze(-1)  # (batch, k, Q, G, R, 1)
     own = torch.einsum('bkjgrp,bkjgn->bkgrpn', xdt * to_end, b)  # (batch, k, G, R, P, N)
-    cum = log_decay.cumsum(dim=-1)  # (batch, k, G, R, Q)
-    chunk_decay = cum[..., -1].exp()[..., None, None]  # (batch, k, G, R, 1, 1)
 
+    # Within-chunk quadratic form with causal (lower-triangular) scores.
+    causal = torch.ones(q, q, dtype=decay.dtype, device=decay.device).tril()
+    scores = (torch.einsum('bkign,bkjgn->bkgij', c, b) * causal).unsqueeze(3)
+    weights = decay.mul_(scores) if inplace else decay * scores
+    y = torch.einsum('bkgrij,bkjgrp->bkigrp', weights, xdt)
+    del decay, weights
+
+    # State passing between chunks, then each token reads the state entering its chunk.
+    cum = log_decay.to(torch.float64).cumsum(dim=-1)  # (batch, k, G, R, Q)
+    chunk_decay = cum[..., -1].exp().to(state.dtype)[..., None, None]  # (batch, k, G, R, 1, 1)
     entering = []
     for i in range(xdt.shape[1]):
         entering.append(state)
         state = chunk_decay[:, i] * state + own[:, i]
     prev = torch.stack(entering, dim=1)  # (batch, k, G, R, P, N)
     from_prev = torch.einsum('bkign,bkgrpn->bkigrp', c, prev)
-    y = y + from_prev * cum.exp().permute(0, 1, 4, 2, 3).unsqueeze(-1)
+    y = y + from_prev * cum.exp().to(y.dtype).permute(0, 1, 4, 2, 3).unsqueeze(-1)
     return y, state
 
 
@@ -134,12 +193,14 @@ def ssd_scan_chunked(x: torch.Tensor,
     c32 = c32.reshape(*chunked, groups, d_state)
 
     step = num_chunks if chunks_per_step is None else chunks_per_step
+    inplace = not (torch.is_grad_enabled() and any(
+        t.requires_grad for t in (x, dt, A, B, C)))
     state = x32.new_zeros(batch, groups, per_group, headdim, d_state)
     outs = []
     for start in range(0, num_chunks, step):
         sl = slice(start, start + step)
         y_block, state = _scan_chunk_block(xdt[:, sl], log_decay[:, sl], b32[:, sl], c32[:, sl],
-                                           state)
+                                           state, inplace)
         outs.append(y_block)
     y = torch.cat(outs, dim=1).reshape(batch, num_chunks * chunk_size, heads, headdim)[:, :length]
     if D is not None:
