@@ -112,12 +112,10 @@ def _distill_stage_config(path: str, backbone: dict, data_root: str, plan: dict,
                           lr: float) -> Config:
     """A ViT-AdaLA Stage 1/2 config, scaled down to the demo's backbone and images."""
     cfg = Config.fromfile(path)
-    cfg.merge_from_dict(dict(model=dict(student=backbone, teacher=backbone)))
-    cfg.model.student.type = 'mmlinvit.LinearVisionTransformer'
-    cfg.model.student.attn_cfg = 'elu'
-    cfg.model.student.out_type = 'raw'
-    cfg.model.teacher.attn_cfg = 'softmax'
-    cfg.model.teacher.out_type = 'raw'
+    for side in ('student', 'teacher'):
+        cfg.model[side].update(backbone)  # plain assignment: 'l' -> the demo's arch dict
+    cfg.model.student.update(type='mmlinvit.LinearVisionTransformer', attn_cfg='elu')
+    cfg.model.teacher.update(type='mmlinvit.VisionTransformer', attn_cfg='softmax')
     dl = cfg.train_dataloader
     dl.update(batch_size=plan['distill_batch'], num_workers=0, persistent_workers=False)
     dl.dataset.update(data_root=data_root, data_prefix='images/training')

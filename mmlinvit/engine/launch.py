@@ -139,10 +139,12 @@ def adapt_to_device(cfg: Config, launcher: str = 'none') -> None:
     if replaced:
         print_log(f'No CUDA device: replaced {replaced} SyncBN layer config(s) by BN',
                   logger='current', level=logging.WARNING)
-    cfg.setdefault('env_cfg', ConfigDict())
+    if cfg.get('env_cfg', None) is None:
+        cfg.env_cfg = ConfigDict()
     cfg.env_cfg['cudnn_benchmark'] = False
     if launcher != 'none':
-        cfg.env_cfg.setdefault('dist_cfg', ConfigDict())
+        if cfg.env_cfg.get('dist_cfg', None) is None:
+            cfg.env_cfg['dist_cfg'] = ConfigDict()
         cfg.env_cfg['dist_cfg']['backend'] = 'gloo'
         if not cfg.get('model_wrapper_cfg', None):
             cfg.model_wrapper_cfg = dict(

@@ -27,8 +27,9 @@ def main() -> None:
     shrink_config(cfg, data_root, work_dir, max_epochs=1, teacher_ckpt=teacher_ckpt)
     cfg.launcher = 'pytorch'
     cfg.env_cfg.dist_cfg = dict(backend='gloo')
-    cfg.model_wrapper_cfg = dict(type='MMDistributedDataParallel', broadcast_buffers=False,
-                                 find_unused_parameters=False)
+    # CPU processes: no device_ids (mmengine's default passes the local GPU index)
+    cfg.model_wrapper_cfg = dict(type='MMDistributedDataParallel', device_ids=None,
+                                 broadcast_buffers=False, find_unused_parameters=False)
     runner = Runner.from_cfg(cfg)
     recorder = LossRecorderHook()
     runner.register_hook(recorder)

@@ -59,14 +59,16 @@ def reset_peak_rss() -> None:
 
 
 def run_case(model_name: str, size: Tuple[int, int], repeats: int, warmup: int, threads: int,
-             chunks_per_step: int) -> Dict[str, float]:
+             chunk_size: int, chunks_per_step: int) -> Dict[str, float]:
     """Builds one model, measures it, returns the numbers (runs inside the subprocess)."""
     import torch
 
     torch.set_num_threads(threads)
     if model_name == 'adventurer':
         from mmlinvit.backbones.adventurer import Adventurer
-        mixer_cfg = dict(chunks_per_step=chunks_per_step) if chunks_per_step > 0 else None
+        mixer_cfg = dict(chunk_size=chunk_size)
+        if chunks_per_step > 0:
+            mixer_cfg['chunks_per_step'] = chunks_per_step
         model = Adventurer('b', mixer_cfg=mixer_cfg)
     else:
         from mmlinvit.backbones import VisionTransformer
@@ -92,7 +94,8 @@ def spawn_case(model_name: str, size: Tuple[int, int], args: argparse.Namespace)
     cmd = [
         sys.executable, os.path.abspath(__file__), '--worker', model_name, '--sizes',
         f'{size[0]}x{size[1]}', '--repeats', str(args.repeats), '--warmup', str(args.warmup),
-        '--threads', str(args.threads), '--chunks-per-step', str(args.chunks_per_step)
+        '--threads', str(args.threads), '--chunk-size', str(args.chunk_size),
+        '--chunks-per-step', str(args.chunks_per_step)
     ]
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ)
@@ -124,7 +127,10 @@ def main() -> None:
                         help='resolutions, e.g. 224 512 512x1024 1024x1024 (H x W)')
     parser.add_argument('--repeats', type=int, default=3, help='timed forwards per case')
     parser.add_argument('--warmup', type=int, default=1, help='untimed forwards per case')
-    parser.add_argument('--threads', type=int, default=2, help='torch CPU threads')
+    parser.add_argument('--threads', type=int, default=1,
+                        help='torch CPU threads (1 is the stable choice on a shared machine)')
+    parser.add_argument('--chunk-size', type=int, default=256,
+                        help='Adventurer SSD chunk size (256 = the model default)')
     parser.add_argument('--chunks-per-step', type=int, default=0,
                         help='Adventurer scan: chunks vectorised together (0 = all, default)')
     parser.add_argument('--worker', choices=MODELS, help=argparse.SUPPRESS)
@@ -134,11 +140,11 @@ def main() -> None:
 
     if args.worker:
         print(json.dumps(run_case(args.worker, args.sizes[0], args.repeats, args.warmup,
-                                  args.threads, args.chunks_per_step)))
+                                  args.threads, args.chunk_size, args.chunks_per_step)))
         return
 
-    print('Adventurer-B/16 (Mamba-2, chunked PyTorch SSD scan, chunk 256) vs ViT-B/16 '
-          '(softmax via torch SDPA), CPU, batch 1, fp32, torch.inference_mode')
+    print(f'Adventurer-B/16 (Mamba-2, chunked PyTorch SSD scan, chunk {args.chunk_size}) vs '
+          f'ViT-B/16 (softmax via torch SDPA), CPU, batch 1, fp32, torch.inference_mode')
     print(f'threads={args.threads} warmup={args.warmup} repeats={args.repeats} '
           f'chunks_per_step={args.chunks_per_step or "all"}')
     print('memory: peak extra resident memory during the forwards (VmHWM after reset via '

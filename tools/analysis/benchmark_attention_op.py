@@ -27,7 +27,7 @@ Example::
 import argparse
 import statistics
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List
 
 import torch
 import torch.nn.functional as F

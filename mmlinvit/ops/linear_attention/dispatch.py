@@ -49,7 +49,7 @@ def triton_available() -> bool:
 
 def triton_interpreter_enabled() -> bool:
     """Whether ``TRITON_INTERPRET=1`` is set (Triton kernels then run on CPU tensors)."""
-    return os.environ.get('TRITON_INTERPRET', '0') == '1'
+    return os.environ.get('TRITON_INTERPRET', '0').strip().lower() in ('1', 'true', 'on', 'yes')
 
 
 def _log_choice_once(backend: str, reason: str) -> None:

@@ -24,19 +24,42 @@ Design (one program per (batch*head, token chunk); everything accumulated in fp3
   (``do_not_specialize``) so ragged token counts do not trigger recompilation; strides are.
 
 This module imports triton at import time: import it only through
-:mod:`.dispatch`, which checks that triton is installed first.  Whether the kernels run in
-the Triton CPU interpreter is decided by ``TRITON_INTERPRET`` when this module is imported.
+:mod:`.dispatch`, which checks that triton is installed first.  The kernels run in the Triton
+CPU interpreter (CPU tensors) when ``TRITON_INTERPRET=1`` was set before triton was first
+imported in the process and is still set at launch (triton decorates its own library at import
+and this module's kernels at this module's import); otherwise they need CUDA tensors.
 """
 import contextlib
 import math
+import os
 from typing import ContextManager, Optional, Tuple
 
 import torch
 import triton
 import triton.language as tl
 
+
+def _interpreter_active() -> bool:
+    """Whether ``@triton.jit`` currently decorates for the CPU interpreter."""
+    knobs = getattr(triton, 'knobs', None)  # triton >= 3.4; older versions read the env var
+    if knobs is not None:
+        return bool(knobs.runtime.interpret)
+    return os.environ.get('TRITON_INTERPRET', '0').strip().lower() in ('1', 'true', 'on', 'yes')
+
+
 #: True when the kernels below were decorated under TRITON_INTERPRET=1 (CPU tensors).
-INTERPRETED: bool = bool(triton.knobs.runtime.interpret)
+INTERPRETED: bool = _interpreter_active()
+
+
+def _interpreter_usable() -> Optional[str]:
+    """None when interpreted kernels can run now, else what is wrong and how to fix it."""
+    from triton.runtime.interpreter import InterpretedFunction
+    if not isinstance(tl.standard.sum, InterpretedFunction):
+        return ('triton was imported before TRITON_INTERPRET=1 was set (e.g. timm imports '
+                'torch._dynamo, which imports triton); set it before anything imports triton')
+    if not _interpreter_active():
+        return 'TRITON_INTERPRET=1 was unset after the kernels were imported; keep it set'
+    return None
 
 #: Largest supported head dim (d of q/k and e of v).
 MAX_HEAD_DIM = 128
@@ -265,10 +288,12 @@ def _bwd_kv_kernel(K, V, DS, DZ, DVBAR, DK, DV,
     if WITH_VBAR:
         dvbar = tl.load(DVBAR + bh * BLOCK_E + offs_e) * inv_m
         dv += dvbar[None, :]
-    tl.store(DK + b * stride_dkb + h * stride_dkh + rows * stride_dkm + offs_d[None, :] * stride_dkd,
-             dk.to(DK.dtype.element_ty), mask=mask_k)
-    tl.store(DV + b * stride_dvb + h * stride_dvh + rows * stride_dvm + offs_e[None, :] * stride_dve,
-             dv.to(DV.dtype.element_ty), mask=mask_v)
+    dk_ptrs = (DK + b * stride_dkb + h * stride_dkh + rows * stride_dkm +
+               offs_d[None, :] * stride_dkd)
+    dv_ptrs = (DV + b * stride_dvb + h * stride_dvh + rows * stride_dvm +
+               offs_e[None, :] * stride_dve)
+    tl.store(dk_ptrs, dk.to(DK.dtype.element_ty), mask=mask_k)
+    tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=mask_v)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -277,7 +302,12 @@ def _bwd_kv_kernel(K, V, DS, DZ, DVBAR, DK, DV,
 
 
 class _LaunchConfig:
-    """Tile sizes and chunking of one call (all heuristics, no autotuning).
+    """Tile sizes and chunking of one call (heuristics, no autotuning).
+
+    Token tiles per kernel were chosen so that ptxas (sm_90) reports no or negligible register
+    spills with 8 warps: the (d x e) fp32 state and its gradient live in registers next to the
+    token tiles, so larger heads and IEEE fp32 dots get smaller token tiles.  The interpreter
+    uses the same tiles (same code paths as on GPU).
 
     Args:
         d: Feature dim of q/k.
@@ -290,23 +320,25 @@ class _LaunchConfig:
         self.block_d = max(16, triton.next_power_of_2(d))
         self.block_e = max(16, triton.next_power_of_2(e))
         self.precision = precision
-        big = self.block_d * self.block_e > 64 * 64
-        # Two (d x e) fp32 tiles live in registers next to the token tiles: keep those small
-        # for large heads.
-        self.block_tokens = 32 if big else 64
+        small = self.block_d * self.block_e <= 64 * 64
+        ieee = precision == 'ieee'
+        if small:
+            self.block_state, self.block_out = 64, 64
+            self.block_bwd_q, self.block_bwd_kv = 32, (32 if ieee else 64)
+        else:
+            self.block_state, self.block_out = 32, 32
+            self.block_bwd_q, self.block_bwd_kv = 16, (16 if ieee else 32)
+        self.num_warps = 8
+        self.num_stages = 2
         if device.type == 'cuda':
-            self.num_warps = 8 if big else 4
-            self.num_stages = 2 if big else 3
             self.target_programs = 4 * torch.cuda.get_device_properties(
                 device).multi_processor_count
-        else:  # interpreter: few, long programs; still several chunks to exercise the path
-            self.num_warps = 4
-            self.num_stages = 1
+        else:  # interpreter: several chunks per head to exercise the partial-sum path
             self.target_programs = 0
 
-    def chunking(self, tokens: int, batch_heads: int) -> Tuple[int, int]:
-        """(tiles per chunk, number of chunks) for reductions over ``tokens`` tokens."""
-        tiles = triton.cdiv(tokens, self.block_tokens)
+    def chunking(self, tokens: int, batch_heads: int, block: int) -> Tuple[int, int]:
+        """(tiles per chunk, number of chunks) for a reduction over ``tokens`` tokens."""
+        tiles = triton.cdiv(tokens, block)
         if self.target_programs > 0:
             chunks_per_head = max(1, triton.cdiv(self.target_programs, batch_heads))
             tiles_per_chunk = max(2, triton.cdiv(tiles, chunks_per_head))
@@ -362,8 +394,12 @@ def _validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
                                'only run on CPU tensors; unset TRITON_INTERPRET for CUDA')
     elif not INTERPRETED:
         raise RuntimeError(f'the Triton kernels need CUDA tensors (got {q.device}); set '
-                           'TRITON_INTERPRET=1 before mmlinvit imports the kernels to run them '
-                           'on CPU in the interpreter, or use backend="torch"')
+                           'TRITON_INTERPRET=1 before triton is imported to run them on CPU in '
+                           'the interpreter, or use backend="torch"')
+    else:
+        problem = _interpreter_usable()
+        if problem is not None:
+            raise RuntimeError(f'cannot run the Triton interpreter: {problem}')
 
 
 def _device_guard(device: torch.device) -> ContextManager:
@@ -389,21 +425,21 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, feature: int, in
     bh = batch * heads
     dev = q.device
     opts = cfg.kernel_options()
-    tiles_per_chunk, n_chunks = cfg.chunking(m, bh)
+    tiles_per_chunk, n_chunks = cfg.chunking(m, bh, cfg.block_state)
     s_part = torch.empty(bh, n_chunks, cfg.block_d, cfg.block_e, dtype=torch.float32, device=dev)
     z_part = torch.empty(bh, n_chunks, cfg.block_d, dtype=torch.float32, device=dev)
     vbar_part = (torch.empty(bh, n_chunks, cfg.block_e, dtype=torch.float32, device=dev)
                  if inline else z_part)
     _state_kernel[(bh, n_chunks)](
         k, v, s_part, z_part, vbar_part, *_strides(k), *_strides(v), heads, m, d, e, 1.0 / m,
-        tiles_per_chunk, FEATURE=feature, WITH_VBAR=inline, BLOCK_M=cfg.block_tokens, **opts)
+        tiles_per_chunk, FEATURE=feature, WITH_VBAR=inline, BLOCK_M=cfg.block_state, **opts)
     state, z = _sum_parts(s_part), _sum_parts(z_part)
     vbar = _sum_parts(vbar_part) if inline else None
 
     out = torch.empty(batch, heads, n, e, dtype=v.dtype, device=dev)
-    _output_kernel[(bh, triton.cdiv(n, cfg.block_tokens))](
+    _output_kernel[(bh, triton.cdiv(n, cfg.block_out))](
         q, state, z, vbar if inline else z, out, *_strides(q), *_strides(out), heads, n, d, e,
-        float(eps), float(scale), FEATURE=feature, INLINE=inline, BLOCK_N=cfg.block_tokens,
+        float(eps), float(scale), FEATURE=feature, INLINE=inline, BLOCK_N=cfg.block_out,
         **opts)
     return out, state, z, vbar
 
@@ -421,7 +457,7 @@ def _backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     dq = torch.empty(q.shape, dtype=q.dtype, device=dev)
     dk = torch.empty(k.shape, dtype=k.dtype, device=dev)
     dv = torch.empty(v.shape, dtype=v.dtype, device=dev)
-    tiles_per_chunk, n_chunks = cfg.chunking(n, bh)
+    tiles_per_chunk, n_chunks = cfg.chunking(n, bh, cfg.block_bwd_q)
     ds_part = torch.empty(bh, n_chunks, cfg.block_d, cfg.block_e, dtype=torch.float32, device=dev)
     dz_part = torch.empty(bh, n_chunks, cfg.block_d, dtype=torch.float32, device=dev)
     dvbar_part = (torch.empty(bh, n_chunks, cfg.block_e, dtype=torch.float32, device=dev)
@@ -430,13 +466,13 @@ def _backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
         q, grad_out, state, z, vbar if inline else z, dq, ds_part, dz_part, dvbar_part,
         *_strides(q), *_strides(grad_out), *_strides(dq), heads, n, d, e, float(eps),
         float(scale), tiles_per_chunk, FEATURE=feature, INLINE=inline,
-        BLOCK_N=cfg.block_tokens, **opts)
+        BLOCK_N=cfg.block_bwd_q, **opts)
     d_state, dz = _sum_parts(ds_part), _sum_parts(dz_part)
     dvbar = _sum_parts(dvbar_part) if inline else dz
-    _bwd_kv_kernel[(bh, triton.cdiv(m, cfg.block_tokens))](
+    _bwd_kv_kernel[(bh, triton.cdiv(m, cfg.block_bwd_kv))](
         k, v, d_state, dz, dvbar, dk, dv, *_strides(k), *_strides(v), *_strides(dk),
         *_strides(dv), heads, m, d, e, 1.0 / m, FEATURE=feature, WITH_VBAR=inline,
-        BLOCK_M=cfg.block_tokens, **opts)
+        BLOCK_M=cfg.block_bwd_kv, **opts)
     return dq, dk, dv
 
 

@@ -8,7 +8,8 @@ Implementation notes (CPU speed): leading dims are flattened into one contiguous
 every product is a single ``bmm``; the 1/N is folded into the (d x e) state instead of being
 applied to N x e tensors; the normaliser is a mat-vec against ``z = mean(phi(K))`` instead of
 an extra column of ones appended to V (which cost a copy of V and a strided output); inputs
-that already are fp32 are not copied.
+that already are fp32 are not copied.  Few, large ops also matter on busy machines, where
+every multi-threaded op pays a synchronisation cost.
 """
 from typing import Tuple
 
@@ -68,7 +69,8 @@ def linear_attention_torch(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Te
     q32, k32, v32 = _as_fp32_batch(phi_q), _as_fp32_batch(phi_k), _as_fp32_batch(v)
     state = _kv_state(k32, v32)  # (BH, d, e)
     k_mean = k32.mean(dim=1).unsqueeze(-1)  # (BH, d, 1)
-    den = torch.bmm(q32, k_mean).add_(eps)  # (BH, N, 1)
+    eps_column = torch.full((1, 1, 1), eps, dtype=torch.float32, device=q32.device)
+    den = torch.baddbmm(eps_column, q32, k_mean)  # (BH, N, 1) = phi(q).z + eps, one op
     num = torch.bmm(q32, state)  # (BH, N, e)
     if torch.is_grad_enabled() and (num.requires_grad or den.requires_grad):
         out = num / den

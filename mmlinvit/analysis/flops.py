@@ -1,0 +1,402 @@
+"""FLOP counting of model forwards (torch only) and the closed-form counts of ViTs.
+
+Convention (printed by the tools as :data:`FLOP_CONVENTION`): **FLOPs = 2 x MACs**, one
+multiply-add counts as two FLOPs, and only matmul-like work is counted: ``mm`` / ``addmm`` /
+``bmm`` / ``baddbmm`` (so ``nn.Linear``, ``torch.matmul`` and ``torch.einsum``, which lower to
+them), convolutions, scaled-dot-product attention (4 N^2 D: both of its matmuls) and the
+Triton linear-attention autograd Function (counted from its input shapes, below).  Element-wise
+ops, norms, softmax, feature maps and interpolation count zero, as in fvcore / mmengine.
+
+:class:`FlopCounter` wraps :class:`torch.utils.flop_counter.FlopCounterMode` (a dispatch mode
+that counts aten ops by shape, so it also works on ``torch.device('meta')`` tensors) and adds:
+
+* SDPA kernels the upstream registry misses: ``_scaled_dot_product_flash_attention_for_cpu``
+  (the CPU path, counted 0 upstream), ``_scaled_dot_product_fused_attention_overrideable`` and
+  ``_scaled_dot_product_attention_math`` where this torch has them (on meta tensors SDPA
+  decomposes into two ``bmm`` and is counted by the upstream rules);
+* custom ``torch.autograd.Function`` classes, whose forward may launch kernels the dispatch
+  mode never sees (Triton): while counting, the class's ``apply`` is wrapped so that its FLOPs
+  come from a formula of its inputs and whatever aten FLOPs its forward issued are discarded
+  (no double counting).  The Triton linear-attention Function of
+  :mod:`mmlinvit.ops.linear_attention.fused` is registered by default when that kernel path
+  can be taken (triton installed and CUDA or ``TRITON_INTERPRET=1``); its formula equals what
+  the PyTorch path is counted, so a model counts the same on either backend.
+
+Closed forms (:func:`analytic_vit_flops`), per layer, N tokens, width D, d = D / H:
+GEMMs (qkv, proj, MLP) 8 N D^2 + 4 N D M_h (= 24 N D^2 for M_h = 4 D); softmax attention
+4 N^2 D; kernel linear attention / InLine 4 N d D, plus 2 N D for the normaliser mat-vec
+(``exact=True``).  The patch embedding adds 2 P (c p^2) D for P patches.
+"""
+import importlib
+import math
+import sys
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn as nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from mmlinvit.ops.linear_attention.dispatch import triton_available, triton_interpreter_enabled
+
+#: The counting convention, stated by every tool that prints FLOPs.
+FLOP_CONVENTION = ('FLOPs = 2 x MACs (one multiply-add = 2 FLOPs; matmul, conv, SDPA and the '
+                   'linear-attention kernel counted; element-wise ops, norms and softmax not)')
+
+#: Module holding the Triton linear-attention autograd Function (imports triton).
+FUSED_LINEAR_ATTENTION_MODULE = 'mmlinvit.ops.linear_attention.fused'
+
+#: Attention operators with a closed-form count in :func:`attention_flops`.
+ANALYTIC_OPERATORS = ('softmax', 'elu', 'relu', 'identity', 'inline')
+_LINEAR_ANALYTIC_OPERATORS = ('elu', 'relu', 'identity', 'inline')
+
+FunctionFlopFormula = Callable[..., int]
+Shape = Sequence[int]
+
+
+# ---------------------------------------------------------------------------------- formulas
+def sdpa_flops(query_shape: Shape, key_shape: Shape, value_shape: Shape) -> int:
+    """FLOPs of non-causal scaled-dot-product attention: Q K^T and A V, 2 x MACs each.
+
+    Args:
+        query_shape: (..., N, d) query shape (leading dims are batch / heads).
+        key_shape: (..., M, d) key shape.
+        value_shape: (..., M, e) value shape.
+
+    Returns:
+        ``2 * lead * N * M * d + 2 * lead * N * M * e``; for self-attention with H heads of
+        width d (D = H d) and batch 1 this is 4 N^2 D.
+    """
+    if len(query_shape) < 2 or len(key_shape) != len(query_shape) or \
+            len(value_shape) != len(query_shape):
+        raise ValueError(f'sdpa_flops needs q (..., N, d), k (..., M, d), v (..., M, e) of equal '
+                         f'rank; got {tuple(query_shape)}, {tuple(key_shape)}, '
+                         f'{tuple(value_shape)}')
+    lead = math.prod(query_shape[:-2])
+    n, d = query_shape[-2], query_shape[-1]
+    m, e = key_shape[-2], value_shape[-1]
+    return 2 * lead * n * m * d + 2 * lead * n * m * e
+
+
+def _sdpa_op_formula(query_shape: Shape, key_shape: Shape, value_shape: Shape, *args: Any,
+                     out_shape: Any = None, **kwargs: Any) -> int:
+    """FlopCounterMode formula (arguments already turned into shapes)."""
+    return sdpa_flops(query_shape, key_shape, value_shape)
+
+
+def linear_attention_function_flops(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                    *args: Any, **kwargs: Any) -> int:
+    """FLOPs of one non-causal linear-attention call from its (B, H, N, d) inputs.
+
+    Counted like the PyTorch path (:func:`~mmlinvit.ops.linear_attention.linear_attention_torch`
+    / ``inline_attention_torch``): the state ``phi(K)^T V`` (2 B H M d e), its application
+    ``phi(Q) S`` (2 B H N d e) and the normaliser / ``q.kbar`` mat-vec (2 B H N d).  With
+    M = N, e = d and D = H d that is 4 N d D + 2 N D per batch element.
+
+    Args:
+        q: Queries (..., N, d).
+        k: Keys (..., M, d).
+        v: Values (..., M, e).
+        *args: Remaining Function arguments (feature map code, eps...), ignored.
+        **kwargs: Ignored.
+    """
+    lead = math.prod(q.shape[:-2])
+    n, d = q.shape[-2], q.shape[-1]
+    m, e = k.shape[-2], v.shape[-1]
+    return 2 * lead * m * d * e + 2 * lead * n * d * e + 2 * lead * n * d
+
+
+def extra_sdpa_ops() -> Tuple[Any, ...]:
+    """SDPA aten ops of this torch build that :class:`FlopCounter` adds to the registry."""
+    names = ('_scaled_dot_product_flash_attention_for_cpu',
+             '_scaled_dot_product_fused_attention_overrideable',
+             '_scaled_dot_product_attention_math')
+    return tuple(getattr(torch.ops.aten, name) for name in names
+                 if hasattr(torch.ops.aten, name))
+
+
+def fused_linear_attention_function() -> Optional[type]:
+    """The Triton linear-attention autograd Function, when its kernel path can run.
+
+    The module is imported only when triton is installed and the kernels can actually be
+    launched (CUDA available, or ``TRITON_INTERPRET=1``), or when it was imported already;
+    otherwise the PyTorch path runs and there is nothing to register.
+
+    Returns:
+        The Function class, or ``None``.
+    """
+    module = sys.modules.get(FUSED_LINEAR_ATTENTION_MODULE)
+    if module is None:
+        usable = triton_available() and (torch.cuda.is_available()
+                                         or triton_interpreter_enabled())
+        if not usable:
+            return None
+        module = importlib.import_module(FUSED_LINEAR_ATTENTION_MODULE)
+    return module._FusedLinearAttention
+
+
+def default_function_formulas() -> Dict[type, FunctionFlopFormula]:
+    """Formulas of this package's custom autograd Functions (see
+    :func:`fused_linear_attention_function`)."""
+    function = fused_linear_attention_function()
+    return {} if function is None else {function: linear_attention_function_flops}
+
+
+# ---------------------------------------------------------------------------------- counter
+@dataclass
+class FlopCount:
+    """Result of a count.
+
+    Attributes:
+        total: FLOPs (2 x MACs).
+        by_op: FLOPs per aten op / autograd Function name.
+    """
+    total: int
+    by_op: Dict[str, int] = field(default_factory=dict)
+
+    @property
+    def gflops(self) -> float:
+        """Total in GFLOPs (1e9)."""
+        return self.total / 1e9
+
+
+class FlopCounter:
+    """Context manager counting the FLOPs of everything run inside it (see module docstring).
+
+    Example::
+
+        with FlopCounter() as counter:
+            model(images)
+        print(counter.total, counter.by_op())
+
+    Args:
+        function_formulas: Extra ``{autograd.Function subclass: formula}``; a formula gets the
+            arguments of ``Function.apply`` and returns FLOPs.  Merged over the defaults.
+        op_formulas: Extra ``{aten op (overload packet): formula}`` in FlopCounterMode's
+            convention (tensor arguments arrive as shapes, ``out_shape`` keyword).
+        use_default_functions: Register :func:`default_function_formulas` too.
+    """
+
+    def __init__(self,
+                 function_formulas: Optional[Mapping[type, FunctionFlopFormula]] = None,
+                 op_formulas: Optional[Mapping[Any, Callable[..., int]]] = None,
+                 use_default_functions: bool = True) -> None:
+        for cls in (function_formulas or {}):
+            if not (isinstance(cls, type) and issubclass(cls, torch.autograd.Function)):
+                raise TypeError(f'function_formulas keys must be torch.autograd.Function '
+                                f'subclasses, got {cls!r}')
+        self._extra_functions = dict(function_formulas or {})
+        self._op_formulas = {op: _sdpa_op_formula for op in extra_sdpa_ops()}
+        self._op_formulas.update(op_formulas or {})
+        self._use_default_functions = use_default_functions
+        self._mode: Optional[FlopCounterMode] = None
+        self._function_flops: Dict[str, int] = defaultdict(int)
+        self._discarded_inner_flops = 0
+        self._saved_apply: Dict[type, Tuple[bool, Any]] = {}
+        self._last: Optional[FlopCount] = None
+
+    # ------------------------------------------------------------------ function wrapping
+    def _wrap_function(self, cls: type, formula: FunctionFlopFormula) -> None:
+        own = 'apply' in cls.__dict__
+        self._saved_apply[cls] = (own, cls.__dict__.get('apply'))
+        original_apply = cls.apply  # bound classmethod
+        counter = self
+
+        def counted_apply(*args: Any, **kwargs: Any) -> Any:
+            mode = counter._mode
+            before = mode.get_total_flops()
+            out = original_apply(*args, **kwargs)
+            counter._discarded_inner_flops += mode.get_total_flops() - before
+            counter._function_flops[cls.__name__] += int(formula(*args, **kwargs))
+            return out
+
+        cls.apply = staticmethod(counted_apply)
+
+    def _restore_functions(self) -> None:
+        for cls, (own, original) in self._saved_apply.items():
+            if own:
+                cls.apply = original
+            else:
+                delattr(cls, 'apply')
+        self._saved_apply.clear()
+
+    # ------------------------------------------------------------------ context manager
+    def __enter__(self) -> 'FlopCounter':
+        if self._mode is not None:
+            raise RuntimeError('FlopCounter is not reentrant; use a new instance')
+        self._function_flops.clear()
+        self._discarded_inner_flops = 0
+        self._last = None
+        functions = default_function_formulas() if self._use_default_functions else {}
+        functions.update(self._extra_functions)
+        self._mode = FlopCounterMode(display=False, custom_mapping=self._op_formulas)
+        for cls, formula in functions.items():
+            self._wrap_function(cls, formula)
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        try:
+            self._mode.__exit__(*exc_info)
+        finally:
+            self._restore_functions()
+            self._last = self._snapshot()
+            self._mode = None
+
+    # ------------------------------------------------------------------ results
+    def _snapshot(self) -> FlopCount:
+        aten_counts = self._mode.get_flop_counts().get('Global', {})
+        by_op = {str(op): int(v) for op, v in aten_counts.items() if v}
+        if self._discarded_inner_flops:
+            by_op['discarded_inside_functions'] = -self._discarded_inner_flops
+        for name, v in self._function_flops.items():
+            by_op[name] = by_op.get(name, 0) + v
+        return FlopCount(total=sum(by_op.values()), by_op=by_op)
+
+    def result(self) -> FlopCount:
+        """The count so far (inside the context) or of the finished context."""
+        if self._mode is not None:
+            return self._snapshot()
+        if self._last is None:
+            raise RuntimeError('FlopCounter.result() called before the counter was used')
+        return self._last
+
+    @property
+    def total(self) -> int:
+        """Total FLOPs (2 x MACs)."""
+        return self.result().total
+
+    def by_op(self) -> Dict[str, int]:
+        """FLOPs per aten op / Function name."""
+        return dict(self.result().by_op)
+
+
+def count_flops(model: nn.Module,
+                *inputs: Any,
+                function_formulas: Optional[Mapping[type, FunctionFlopFormula]] = None,
+                **kwargs: Any) -> FlopCount:
+    """FLOPs of one ``model(*inputs, **kwargs)`` forward under ``torch.no_grad``.
+
+    Inputs (and the model) may live on ``torch.device('meta')``: only shapes are needed, except
+    for models with data-dependent shapes (e.g. ``torch.nonzero`` in MHLA).
+
+    Args:
+        model: Any module.
+        *inputs: Positional forward inputs.
+        function_formulas: Extra autograd Function formulas (see :class:`FlopCounter`).
+        **kwargs: Keyword forward inputs.
+
+    Returns:
+        The :class:`FlopCount`.
+    """
+    with torch.no_grad(), FlopCounter(function_formulas=function_formulas) as counter:
+        model(*inputs, **kwargs)
+    return counter.result()
+
+
+# ---------------------------------------------------------------------------------- analytic
+@dataclass(frozen=True)
+class AnalyticFlops:
+    """Closed-form FLOPs (2 x MACs) of a ViT forward, batch 1.
+
+    Attributes:
+        num_tokens: Sequence length N (prefix tokens included).
+        gemms: qkv, proj and MLP of all layers (24 N D^2 per layer for M_h = 4 D).
+        attention: Token mixing of all layers (4 N^2 D softmax, 4 N d D linear per layer).
+        extras: Patch embedding and the linear-attention normaliser (0 unless ``exact``).
+    """
+    num_tokens: int
+    gemms: int
+    attention: int
+    extras: int
+
+    @property
+    def reference_total(self) -> int:
+        """GEMMs + attention: the convention of the issue (24 N D^2 + 4 N^2 D / 4 N d D)."""
+        return self.gemms + self.attention
+
+    @property
+    def total(self) -> int:
+        """Everything :class:`FlopCounter` counts in a VisionTransformer forward."""
+        return self.gemms + self.attention + self.extras
+
+
+def block_gemm_flops(num_tokens: int, embed_dims: int, mlp_hidden_dims: int) -> int:
+    """qkv (2 N D 3D) + proj (2 N D^2) + MLP (2 x 2 N D M_h) of one block."""
+    n, d_model = num_tokens, embed_dims
+    return 8 * n * d_model * d_model + 4 * n * d_model * mlp_hidden_dims
+
+
+def attention_flops(operator: str, num_tokens: int, embed_dims: int, num_heads: int,
+                    exact: bool = True) -> int:
+    """Token-mixing FLOPs of one layer.
+
+    Args:
+        operator: One of :data:`ANALYTIC_OPERATORS`.
+        num_tokens: N.
+        embed_dims: D.
+        num_heads: H (head width d = D / H).
+        exact: Add the linear-attention normaliser mat-vec (2 N D), as counted.
+
+    Returns:
+        4 N^2 D (softmax) or 4 N d D (+ 2 N D) (kernel linear attention, InLine).
+    """
+    if operator not in ANALYTIC_OPERATORS:
+        raise KeyError(f'No closed-form FLOP count for operator {operator!r}; available: '
+                       f'{list(ANALYTIC_OPERATORS)} (count the model with count_flops instead)')
+    n, d_model = num_tokens, embed_dims
+    if operator == 'softmax':
+        return 4 * n * n * d_model
+    head_dims = embed_dims // num_heads
+    return 4 * n * head_dims * d_model + (2 * n * d_model if exact else 0)
+
+
+def _operator_name(cfg: Union[str, Mapping[str, Any]]) -> str:
+    return cfg if isinstance(cfg, str) else cfg['type']
+
+
+def analytic_vit_flops(img_size: Union[int, Tuple[int, int]],
+                       patch_size: int,
+                       embed_dims: int,
+                       num_layers: int,
+                       num_heads: int,
+                       mlp_hidden_dims: int,
+                       attention: Union[str, Mapping[str, Any], Sequence[Union[str, Mapping]]],
+                       num_prefix_tokens: int = 1,
+                       in_channels: int = 3,
+                       exact: bool = True) -> AnalyticFlops:
+    """Closed-form FLOPs of a plain ViT forward (batch 1, MLP blocks).
+
+    Args:
+        img_size: Input side or (H, W).
+        patch_size: Patch side p.
+        embed_dims: D.
+        num_layers: Depth.
+        num_heads: H.
+        mlp_hidden_dims: M_h.
+        attention: Operator name / config, or one per layer (hybrid stacks).
+        num_prefix_tokens: Class + register tokens.
+        in_channels: Image channels c.
+        exact: Include the patch embedding and the normaliser (``extras``); with ``False``
+            only the issue's convention (GEMMs + attention) remains.
+
+    Returns:
+        :class:`AnalyticFlops`.
+    """
+    h, w = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
+    num_patches = (h // patch_size) * (w // patch_size)
+    n = num_patches + num_prefix_tokens
+    if isinstance(attention, (str, Mapping)):
+        ops = [_operator_name(attention)] * num_layers
+    else:
+        if len(attention) != num_layers:
+            raise ValueError(f'attention has {len(attention)} entries for {num_layers} layers')
+        ops = [_operator_name(a) for a in attention]
+    gemms = num_layers * block_gemm_flops(n, embed_dims, mlp_hidden_dims)
+    mixing = sum(attention_flops(op, n, embed_dims, num_heads, exact=False) for op in ops)
+    extras = 0
+    if exact:
+        extras += 2 * num_patches * in_channels * patch_size * patch_size * embed_dims
+        extras += sum(2 * n * embed_dims for op in ops if op in _LINEAR_ANALYTIC_OPERATORS)
+    return AnalyticFlops(num_tokens=n, gemms=gemms, attention=mixing, extras=extras)
