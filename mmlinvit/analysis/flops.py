@@ -168,7 +168,7 @@ class FlopCounter:
 
         with FlopCounter() as counter:
             model(images)
-        print(counter.total, counter.by_op())
+        print(counter.total, counter.by_op)
 
     Args:
         function_formulas: Extra ``{autograd.Function subclass: formula}``; a formula gets the
@@ -267,6 +267,7 @@ class FlopCounter:
         """Total FLOPs (2 x MACs)."""
         return self.result().total
 
+    @property
     def by_op(self) -> Dict[str, int]:
         """FLOPs per aten op / Function name."""
         return dict(self.result().by_op)

@@ -1,5 +1,9 @@
 """O(N) PyTorch linear attention against the O(N^2) reference, plus CPU dispatch rules."""
 import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import List
 
 import pytest
@@ -187,3 +191,52 @@ def test_forcing_triton_on_cpu_without_interpreter_is_an_error(monkeypatch):
         linear_attention(q, k, v)
     with pytest.raises(RuntimeError, match='triton'):
         inline_attention(q, k, v, 0.5, backend='triton')
+
+
+def test_forcing_triton_without_triton_installed_is_an_error(monkeypatch):
+    monkeypatch.setattr(dispatch, 'triton_available', lambda: False)
+    q, k, v = _qkv(5, 5, 8, 8)
+    with pytest.raises(RuntimeError, match='not installed'):
+        linear_attention(q, k, v, backend='triton')
+    assert select_backend(q, k, v, backend='auto') == 'torch'
+
+
+_WITHOUT_TRITON = '''
+import importlib.abc, importlib.util, sys
+
+class BlockTriton(importlib.abc.MetaPathFinder):
+    """Makes triton look uninstalled: find_spec -> None, import -> ModuleNotFoundError."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == 'triton' or name.startswith('triton.'):
+            raise ModuleNotFoundError(f'No module named {name!r} (blocked)')
+        return None
+
+_find_spec = importlib.util.find_spec
+importlib.util.find_spec = lambda name, package=None: (
+    None if name.split('.')[0] == 'triton' else _find_spec(name, package))
+sys.meta_path.insert(0, BlockTriton())
+import torch
+from mmlinvit.ops.linear_attention import inline_attention, linear_attention, triton_available
+assert not triton_available()
+q = torch.randn(1, 2, 9, 8)
+out = linear_attention(q, q, q) + inline_attention(q, q, q, 0.5)
+assert torch.isfinite(out).all() and 'triton' not in sys.modules
+try:
+    linear_attention(q, q, q, backend='triton')
+except RuntimeError as err:
+    assert 'not installed' in str(err)
+else:
+    raise AssertionError('forcing triton without triton must fail')
+print('ok')
+'''
+
+
+def test_package_imports_and_runs_without_triton():
+    root = Path(__file__).resolve().parents[2]
+    python_path = os.pathsep.join(filter(None, [str(root), os.environ.get('PYTHONPATH')]))
+    env = dict(os.environ, PYTHONPATH=python_path)
+    env.pop(BACKEND_ENV_VAR, None)
+    proc = subprocess.run([sys.executable, '-c', _WITHOUT_TRITON], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith('ok'), proc.stderr[-3000:]

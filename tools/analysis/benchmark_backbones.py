@@ -476,7 +476,8 @@ def main(argv: Optional[List[str]] = None) -> List[Dict[str, object]]:
                       f'{size_label(hw)} {op}: {status}', flush=True)
 
     print()
-    print(f'device={device} ({torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}) '
+    device_name = torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'
+    print(f'device={device} ({device_name}) '
           f'dtype={dtype_name} batch=1 threads={torch.get_num_threads()} median of <= {repeats} '
           f'calls after the measuring call, torch={torch.__version__}')
     method = next((r['memory_method'] for r in rows if 'memory_method' in r), None)

@@ -13,7 +13,8 @@ Next to each count it prints the issue's analytic convention, per layer
 Example::
 
     PYTHONPATH=. python tools/analysis/count_flops.py
-    PYTHONPATH=. python tools/analysis/count_flops.py --models vit-b16 --operators softmax elu inline
+    PYTHONPATH=. python tools/analysis/count_flops.py --models vit-b16 \\
+        --operators softmax elu inline
 """
 import argparse
 import json
@@ -52,7 +53,7 @@ def size_label(hw: Tuple[int, int]) -> str:
     return f'{hw[0]}' if hw[0] == hw[1] else f'{hw[0]}x{hw[1]}'
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--models', nargs='+', default=list(VIT_MODELS), choices=list(VIT_MODELS))
     parser.add_argument('--operators', nargs='+', default=['softmax', 'elu'],
@@ -66,7 +67,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument('--no-adventurer', action='store_true',
                         help='skip Adventurer (counted at the ViT-B/16 sizes when present)')
     parser.add_argument('--json-out', default=None, help='also write the rows as JSON')
-    return parser.parse_args()
+    return parser.parse_args(argv)
 
 
 def count_vit(arch: str, family: str, operator: str, hw: Tuple[int, int],
@@ -95,8 +96,8 @@ def count_adventurer(hw: Tuple[int, int], device: str) -> Tuple[int, int]:
     return count_flops(model, images).total, (hw[0] // 16) * (hw[1] // 16) + 1
 
 
-def main() -> None:
-    args = parse_args()
+def main(argv: Optional[List[str]] = None) -> List[Dict[str, object]]:
+    args = parse_args(argv)
     print(f'Convention: {FLOP_CONVENTION}.')
     print('analytic = issue convention per layer: GEMMs 24 N D^2 + attention (softmax 4 N^2 D, '
           'linear 4 N d D); exact = analytic + patch embedding + linear-attention normaliser '
@@ -149,6 +150,7 @@ def main() -> None:
     if args.json_out:
         with open(args.json_out, 'w') as f:
             json.dump(rows, f, indent=2)
+    return rows
 
 
 if __name__ == '__main__':
