@@ -77,8 +77,9 @@ WEOF
   touch "$STAMP"
 fi
 
-if ! "$PY" -c "import mmlinvit" >/dev/null 2>&1 || \
-   [ "$("$PY" -c 'import mmlinvit, os; print(os.path.dirname(os.path.dirname(os.path.realpath(mmlinvit.__file__))))')" != "$REPO" ]; then
+# Checked from / so that the current directory cannot shadow the installed package.
+installed_at="$(cd / && "$PY" -c 'import mmlinvit, os; print(os.path.dirname(os.path.dirname(os.path.realpath(mmlinvit.__file__))))' 2>/dev/null || true)"
+if [ "$installed_at" != "$REPO" ]; then
   log "installing mmlinvit (editable) from $REPO"
   "${PIP[@]}" install -q --no-build-isolation --no-deps -e "$REPO"
 fi

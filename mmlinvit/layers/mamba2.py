@@ -53,7 +53,8 @@ class Mamba2Mixer(nn.Module):
         conv_bias: Whether the depthwise convolution has a bias.
         norm_eps: Epsilon of the gated RMSNorm.
         norm_before_gate: Gate after (True) or before (False, Mamba-2 default) the norm.
-        ssd_backend: Backend of :func:`mmlinvit.ops.ssd.ssd_scan` (``None`` = torch).
+        ssd_backend: Backend of :func:`mmlinvit.ops.ssd.ssd_scan` (``None`` = auto: the
+            Triton kernel for CUDA tensors when triton is installed, else torch).
         chunks_per_step: Chunks vectorised together by the torch scan (``None`` = all).
     """
 

@@ -1,14 +1,13 @@
 """Registers mmlinvit's plain-PyTorch backbones in the ``mmlinvit`` MODELS registry."""
-from mmlinvit import backbones
+from mmlinvit.backbones import Adventurer, LinearVisionTransformer, VisionTransformer
 from mmlinvit.registry import MODELS
 
-#: Registered backbone names (``type='mmlinvit.<name>'``).
-BACKBONE_NAMES = ('VisionTransformer', 'LinearVisionTransformer', 'Adventurer')
+#: Backbones available as ``type='mmlinvit.<class name>'``.
+BACKBONES = (VisionTransformer, LinearVisionTransformer, Adventurer)
 
 
 def register_backbones() -> None:
-    """Registers every backbone of :mod:`mmlinvit.backbones` that exists."""
-    for name in BACKBONE_NAMES:
-        cls = getattr(backbones, name, None)
-        if cls is not None and name not in MODELS.module_dict:
-            MODELS.register_module(name=name, module=cls)
+    """Registers every backbone once (safe to call repeatedly)."""
+    for cls in BACKBONES:
+        if cls.__name__ not in MODELS.module_dict:
+            MODELS.register_module(module=cls)

@@ -17,9 +17,8 @@ from distill_testing import CONFIGS, IMG_SIZE, PATCH, save_tiny_vit_checkpoint, 
 
 @pytest.fixture(autouse=True)
 def _mmpretrain_scope():
-    name = f'distill-test-{id(object())}'
-    DefaultScope.get_instance(name, scope_name='mmpretrain')
-    yield
+    with DefaultScope.overwrite_default_scope('mmpretrain'):
+        yield
 
 
 def vit(attn='softmax', width=16, **kwargs):
@@ -177,7 +176,7 @@ def test_bad_teacher_checkpoint_is_named(tmp_path):
     ckpt = save_tiny_vit_checkpoint(str(tmp_path / 'wide_teacher.pth'),
                                     arch=tiny_arch(embed_dims=24))
     with pytest.raises(DistillationConfigError,
-                       match=r'wide_teacher\.pth.*patch_embed\.proj\.weight'):
+                       match=r'(?s)wide_teacher\.pth.*patch_embed\.proj\.weight'):
         MODELS.build(attn_out_model(teacher_ckpt=ckpt))
     good = save_tiny_vit_checkpoint(str(tmp_path / 'teacher.pth'), seed=3)
     model = MODELS.build(attn_out_model(teacher_ckpt=good))

@@ -351,7 +351,8 @@ def _fmt(value: Optional[float], spec: str, suffix: str = '') -> str:
 def print_table(rows: List[Dict[str, object]], scopes: List[str]) -> None:
     cols = ['model', 'size', 'tokens', 'operator']
     for scope in scopes:
-        cols += [f'{scope} ms', f'{scope} MiB', f'{scope} x', f'{scope} mem x']
+        cols += [f'{scope} ms'] + (['img/s'] if scope == 'backbone' else [])
+        cols += [f'{scope} MiB', f'{scope} x', f'{scope} mem x']
     cols += ['FLOP x', 'x / FLOP x']
     table = []
     for r in rows:
@@ -366,6 +367,8 @@ def print_table(rows: List[Dict[str, object]], scopes: List[str]) -> None:
         for scope in scopes:
             cur = r[scope]
             line[f'{scope} ms'] = _fmt(cur['ms'], '.1f')
+            if scope == 'backbone':
+                line['img/s'] = _fmt(1e3 / cur['ms'], '.2f')
             line[f'{scope} MiB'] = _fmt(cur['mib'], '.1f')
             if base is not None:
                 line[f'{scope} x'] = _fmt(base[scope]['ms'] / cur['ms'], '.2f', 'x')
@@ -427,11 +430,17 @@ def plot(rows: List[Dict[str, object]], scopes: List[str], path: str) -> None:
                 style = dict(marker='o', linestyle='--' if op == BASELINE else '-', label=op)
                 axes[0, col].plot(tokens, [r[scope]['ms'] for r in pts], **style)
                 axes[1, col].plot(tokens, [max(r[scope]['mib'], 1e-3) for r in pts], **style)
+            ticks = sorted({(r['tokens'], r['size']) for r in rows
+                            if r['model'] == model and r['operator'] == BASELINE
+                            and 'tokens' in r})
             for row, ylabel in ((0, 'time [ms]'), (1, 'peak memory [MiB]')):
                 ax = axes[row, col]
                 ax.set_xscale('log')
                 ax.set_yscale('log')
-                ax.set_xlabel('tokens N')
+                ax.set_xticks([t for t, _ in ticks], [f'{label}\nN={t}' for t, label in ticks],
+                              fontsize=7)
+                ax.minorticks_off()
+                ax.set_xlabel('input size (tokens N)')
                 ax.set_ylabel(ylabel)
                 ax.grid(True, which='both', alpha=0.3)
                 ax.set_title(f'{model} - {"attention op" if scope == "op" else "backbone"}')
@@ -485,7 +494,9 @@ def main(argv: Optional[List[str]] = None) -> List[Dict[str, object]]:
                         'allocation before it'))
     print(f'FLOPs: {FLOP_CONVENTION}; counted on the measured call')
     print("x = softmax time / operator time (> 1: faster than softmax); mem x = softmax peak / "
-          "operator peak; 'op' = token mixing only (Adventurer: its whole Mamba-2 mixer)")
+          "operator peak; img/s = 1000 / backbone ms (batch 1); 'op' = token mixing only "
+          "(Adventurer: its whole Mamba-2 mixer); FLOP x = softmax / operator counted backbone "
+          "FLOPs; x / FLOP x = backbone speed-up over FLOP ratio")
     print_table(rows, args.scopes)
     print()
     if 'backbone' in args.scopes:

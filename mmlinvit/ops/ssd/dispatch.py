@@ -2,31 +2,159 @@
 
 Backends:
 
-* ``'torch'`` (the default, always available): :func:`.chunked.ssd_scan_chunked`.
+* ``'torch'`` (always available): :func:`.chunked.ssd_scan_chunked`, the CPU path.
 * ``'naive'``: the token-by-token oracle :func:`.naive.ssd_scan_naive` (tests, debugging).
-* ``'triton'``: hook point for a fused kernel.  It is used only when the module
-  ``mmlinvit.ops.ssd.triton_kernel`` exists and defines
-  ``ssd_scan_triton(x, dt, A, B, C, D, chunk_size) -> y`` with the semantics of
-  :func:`ssd_scan`; until then asking for it raises ``NotImplementedError``.  ``backend=None``
-  never switches to it silently: it means ``'torch'``.
+* ``'triton'``: the fused kernels of :mod:`.triton_kernel` (``TRITON_KERNEL_MODULE``, which
+  defines ``ssd_scan_triton(x, dt, A, B, C, D, chunk_size) -> y`` with the semantics of
+  :func:`ssd_scan`; forward and backward in Triton).
+
+Backend choice, most specific first:
+
+1. the ``backend`` argument (``'torch'``, ``'naive'``, ``'triton'``; ``None``/``'auto'`` = not
+   forced);
+2. the environment variable ``MMLINVIT_SSD_BACKEND`` = ``torch`` | ``triton`` | ``auto``;
+3. auto: CUDA tensors with triton installed and a supported shape/dtype (P, N <= 128;
+   fp32/fp16/bf16) -> Triton kernel, everything else -> torch.
+
+Forcing ``'triton'`` on CPU tensors is allowed only with ``TRITON_INTERPRET=1`` (the Triton
+interpreter; tests only).  Each distinct choice is logged once on the ``mmlinvit`` logger.
+Availability is checked with :func:`importlib.util.find_spec`; :mod:`.triton_kernel` (which
+imports triton) is imported only when the kernel path is actually taken.
 """
 import importlib
 import importlib.util
-from typing import Optional
+import logging
+import os
+from typing import Optional, Set, Tuple
 
 import torch
 
 from .chunked import ssd_scan_chunked
 from .naive import ssd_scan_naive
 
-#: Module that a fused Triton implementation must live in to be reachable.
+logger = logging.getLogger('mmlinvit')
+
+#: Module that the fused Triton implementation lives in.
 TRITON_KERNEL_MODULE = 'mmlinvit.ops.ssd.triton_kernel'
+#: Environment variable that forces a backend for every call without ``backend=``.
+SSD_BACKEND_ENV_VAR = 'MMLINVIT_SSD_BACKEND'
 SSD_BACKENDS = ('torch', 'naive', 'triton')
+_ENV_CHOICES = ('auto', 'torch', 'triton')
+
+# Kept in sync with triton_kernel.MAX_DIM / SUPPORTED_DTYPES (that module imports triton, so
+# its constants cannot be read before the kernel path is chosen).
+_KERNEL_MAX_DIM = 128
+_KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+_logged_choices: Set[Tuple[str, str]] = set()
 
 
 def triton_kernel_available() -> bool:
-    """Whether :data:`TRITON_KERNEL_MODULE` exists (checked explicitly, nothing imported)."""
-    return importlib.util.find_spec(TRITON_KERNEL_MODULE) is not None
+    """Whether triton and :data:`TRITON_KERNEL_MODULE` are installed (nothing imported)."""
+    return (importlib.util.find_spec('triton') is not None
+            and importlib.util.find_spec(TRITON_KERNEL_MODULE) is not None)
+
+
+def _triton_interpreter_enabled() -> bool:
+    return os.environ.get('TRITON_INTERPRET', '0').strip().lower() in ('1', 'true', 'on', 'yes')
+
+
+def _log_choice_once(backend: str, reason: str) -> None:
+    key = (backend, reason)
+    if key not in _logged_choices:
+        _logged_choices.add(key)
+        logger.info('SSD scan backend: %s (%s)', backend, reason)
+
+
+def _requested_backend(backend: Optional[str]) -> str:
+    """'auto', 'torch', 'naive' or 'triton' from the argument, else from the environment."""
+    if backend is not None:
+        if backend not in ('auto', ) + SSD_BACKENDS:
+            raise KeyError(f'Unknown ssd_scan backend {backend!r}; available: '
+                           f"{('auto', ) + SSD_BACKENDS} (or None)")
+        return backend
+    env = os.environ.get(SSD_BACKEND_ENV_VAR, '').strip().lower()
+    if env == '':
+        return 'auto'
+    if env not in _ENV_CHOICES:
+        raise KeyError(f'{SSD_BACKEND_ENV_VAR}={env!r} is not an SSD backend; available: '
+                       f'{_ENV_CHOICES}')
+    return env
+
+
+def _kernel_unsupported_reason(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,
+                               B: torch.Tensor, C: torch.Tensor,
+                               D: Optional[torch.Tensor]) -> Optional[str]:
+    """Why the Triton kernel cannot take these inputs, or None when it can."""
+    if x.ndim != 4 or B.ndim != 4:
+        return 'x / B are not 4-D'
+    if max(x.shape[-1], B.shape[-1]) > _KERNEL_MAX_DIM:
+        return f'head dim or state size > {_KERNEL_MAX_DIM}'
+    tensors = (x, dt, A, B, C) + ((D, ) if D is not None else ())
+    if any(t.dtype not in _KERNEL_DTYPES for t in tensors):
+        return f'dtype not in {[str(t) for t in _KERNEL_DTYPES]}'
+    if x.shape[1] == 0:
+        return 'empty sequence'
+    return None
+
+
+def select_ssd_backend(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                       C: torch.Tensor, D: Optional[torch.Tensor] = None,
+                       backend: Optional[str] = None) -> str:
+    """Returns ``'torch'``, ``'naive'`` or ``'triton'`` for these inputs; logs it once.
+
+    Args:
+        x: Inputs (batch, L, H, P).
+        dt: Step sizes (batch, L, H).
+        A: (H,).
+        B: (batch, L, G, N).
+        C: (batch, L, G, N).
+        D: Optional (H,).
+        backend: ``None``/``'auto'``, ``'torch'``, ``'naive'`` or ``'triton'``; ``None`` defers
+            to ``MMLINVIT_SSD_BACKEND``.
+
+    Returns:
+        The backend name.
+
+    Raises:
+        KeyError: unknown backend name (argument or environment variable).
+        NotImplementedError: ``'triton'`` is forced but triton or the kernel module is missing.
+        RuntimeError: ``'triton'`` is forced on CPU tensors without ``TRITON_INTERPRET=1``.
+        ValueError: ``'triton'`` is forced on inputs the kernel cannot take.
+    """
+    requested = _requested_backend(backend)
+    if requested in ('torch', 'naive'):
+        _log_choice_once(requested, 'forced')
+        return requested
+    if requested == 'triton':
+        if not triton_kernel_available():
+            raise NotImplementedError(
+                f"ssd_scan backend='triton' needs triton and the kernel module "
+                f'{TRITON_KERNEL_MODULE} (ssd_scan_triton); triton is not installed. Install '
+                "triton or use backend='torch'.")
+        if x.device.type != 'cuda' and not _triton_interpreter_enabled():
+            raise RuntimeError(f"ssd_scan backend='triton' needs CUDA tensors (got {x.device}); "
+                               'set TRITON_INTERPRET=1 to run the kernels in the Triton CPU '
+                               "interpreter, or use backend='torch'")
+        reason = _kernel_unsupported_reason(x, dt, A, B, C, D)
+        if reason is not None:
+            raise ValueError(f"ssd_scan backend='triton' cannot take these inputs: {reason}; "
+                             "use backend='torch'")
+        _log_choice_once('triton', 'forced')
+        return 'triton'
+    # auto
+    if x.device.type != 'cuda':
+        _log_choice_once('torch', f'auto: {x.device.type} tensors')
+        return 'torch'
+    if not triton_kernel_available():
+        _log_choice_once('torch', 'auto: triton is not installed')
+        return 'torch'
+    reason = _kernel_unsupported_reason(x, dt, A, B, C, D)
+    if reason is not None:
+        _log_choice_once('torch', f'auto: {reason}')
+        return 'torch'
+    _log_choice_once('triton', 'auto: CUDA tensors and triton installed')
+    return 'triton'
 
 
 def ssd_scan(x: torch.Tensor,
@@ -49,25 +177,18 @@ def ssd_scan(x: torch.Tensor,
         C: Output projections (batch, L, G, N).
         D: Optional per-head skip (H,).
         chunk_size: Tokens per chunk (any L works).
-        backend: ``None`` / ``'torch'``, ``'naive'`` or ``'triton'`` (see module docstring).
+        backend: ``None`` (environment / auto), ``'auto'``, ``'torch'``, ``'naive'`` or
+            ``'triton'`` (see the module docstring).
         chunks_per_step: Torch backend only: chunks vectorised together (``None`` = all).
 
     Returns:
         y (batch, L, H, P) in the dtype of ``x`` (fp32 accumulation).
     """
-    backend = 'torch' if backend is None else backend
-    if backend == 'torch':
-        return ssd_scan_chunked(x, dt, A, B, C, D, chunk_size=chunk_size,
-                                chunks_per_step=chunks_per_step)
-    if backend == 'naive':
+    chosen = select_ssd_backend(x, dt, A, B, C, D, backend)
+    if chosen == 'naive':
         return ssd_scan_naive(x, dt, A, B, C, D)
-    if backend == 'triton':
-        if not triton_kernel_available():
-            raise NotImplementedError(
-                f"ssd_scan backend='triton' needs a fused kernel module {TRITON_KERNEL_MODULE} "
-                f"defining ssd_scan_triton(x, dt, A, B, C, D, chunk_size); none is installed. "
-                f"Use backend='torch' (or None), the chunked PyTorch implementation.")
+    if chosen == 'triton':
         kernel = importlib.import_module(TRITON_KERNEL_MODULE)
         return kernel.ssd_scan_triton(x, dt, A, B, C, D, chunk_size)
-    raise KeyError(f'Unknown ssd_scan backend {backend!r}; available: {SSD_BACKENDS} '
-                   f'(None means torch)')
+    return ssd_scan_chunked(x, dt, A, B, C, D, chunk_size=chunk_size,
+                            chunks_per_step=chunks_per_step)

@@ -237,7 +237,8 @@ def _chunk_scan_fwd_kernel(X, BM, CM, CS, DT, ST, DSKIP, Y,
         bm_t = tl.load(b_base + t_k[None, :] * stride_bl + offs_n[:, None] * stride_bn,
                        mask=mask_n[:, None] & valid_k[None, :], other=0.0).to(tl.float32)
         scores = tl.dot(cm, bm_t, input_precision=PRECISION)  # (M, K)
-        causal = (offs_k[None, :] <= offs_m[:, None]) & valid_k[None, :]
+        causal = ((offs_k[None, :] <= offs_m[:, None]) & valid_k[None, :] &
+                  valid_m[:, None])
         decay = tl.exp(tl.where(causal, cs_m[:, None] - cs_k[None, :], float('-inf')))
         weights = scores * decay * dt_k[None, :]
         xk = tl.load(x_base + t_k[:, None] * stride_xl + offs_p[None, :] * stride_xp,
@@ -437,7 +438,8 @@ def _chunk_scan_bwd_dc_kernel(X, BM, CM, DY, CS, DT, ST, DCH, DCS,
                      mask=valid_k[:, None] & mask_n[None, :], other=0.0).to(tl.float32)
         xk = tl.load(x_base + t_k[:, None] * stride_xl + offs_p[None, :] * stride_xp,
                      mask=valid_k[:, None] & mask_p[None, :], other=0.0).to(tl.float32)
-        causal = (offs_k[None, :] <= offs_m[:, None]) & valid_k[None, :]
+        causal = ((offs_k[None, :] <= offs_m[:, None]) & valid_k[None, :] &
+                  valid_m[:, None])
         decay = tl.exp(tl.where(causal, cs_m[:, None] - cs_k[None, :], float('-inf')))
         dy_x = tl.dot(dym, tl.trans(xk), input_precision=PRECISION)  # (M, K)
         d_c = tl.dot(dy_x * decay * dt_k[None, :], bm, d_c, input_precision=PRECISION)
@@ -474,13 +476,17 @@ class _LaunchConfig:
         self.block_p = min(self.block_p_full, 64)
         self.block_s = min(256, triton.next_power_of_2(headdim * d_state))
         self.precision = precision
+        # Not tuned on a GPU yet: 8 warps where a program holds several (64 x 64) fp32 tiles
+        # (the backward keeps ~8 of them live), to keep registers per thread below the limit.
         self.num_warps = 4
+        many_tiles = self.block_t * max(self.block_p_full, self.block_n) >= 64 * 64
+        self.num_warps_bwd = 8 if many_tiles else 4
         self.num_stages = 2
 
-    def options(self) -> dict:
+    def options(self, backward: bool = False) -> dict:
         """Launch keyword arguments shared by the matmul kernels."""
-        return dict(num_warps=self.num_warps, num_stages=self.num_stages,
-                    PRECISION=self.precision, BLOCK_N=self.block_n)
+        return dict(num_warps=self.num_warps_bwd if backward else self.num_warps,
+                    num_stages=self.num_stages, PRECISION=self.precision, BLOCK_N=self.block_n)
 
 
 def _dot_precision(*tensors: torch.Tensor) -> str:
@@ -536,7 +542,7 @@ def _validate(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tenso
 def _forward(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
              C: torch.Tensor, D: Optional[torch.Tensor], chunk_size: int, cfg: _LaunchConfig
              ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Runs the forward kernels; returns y, cs (BH, Lp), padded fp32 dt (BH, Lp), entering states."""
+    """Runs the forward kernels; returns y, cs, padded fp32 dt (both (BH, Lp)) and h_in."""
     batch, length, heads, headdim = x.shape
     groups, d_state = B.shape[2], B.shape[3]
     per_group = heads // groups
@@ -578,7 +584,7 @@ def _backward(dy: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tens
     bh = batch * heads
     dev = x.device
     dims = (heads, per_group, length, chunk_size, n_chunks, headdim, d_state)
-    opts = cfg.options()
+    opts = cfg.options(backward=True)
 
     d_states = torch.empty_like(states)
     _chunk_state_kernel[(bh * n_chunks, triton.cdiv(headdim, cfg.block_p))](
