@@ -6,7 +6,9 @@ env_cfg = dict(
     dist_cfg=dict(backend='nccl'),  # tools/train.py switches to gloo on CPU-only machines
 )
 vis_backends = [dict(type='LocalVisBackend')]
-visualizer = dict(type='SegLocalVisualizer', vis_backends=vis_backends, name='visualizer')
+# No fixed `name`: the runner names the visualizer after the experiment, so several runs in
+# one process (tools/demo.py) keep separate visualizers.
+visualizer = dict(type='SegLocalVisualizer', vis_backends=vis_backends)
 # Iteration-based logs; the LoggerHook of the schedules prints time, data_time and eta.
 log_processor = dict(by_epoch=False)
 log_level = 'INFO'

@@ -18,6 +18,8 @@ model = dict(
             inputs=dict(student_feats='student.final', teacher_feats='teacher.final'))))
 train_dataloader = dict(dataset=dict(data_root='data/imagenet21k', data_prefix='train'))
 load_from = stage1_checkpoint
+# student_backbone_epoch_<n>.pth: the backbone Stage 3 starts from
+custom_hooks = [dict(type='mmlinvit.ExportStudentHook')]
 missing_path_hints = {
     'load_from': 'Run ViT-AdaLA Stage 1 first: python tools/train.py '
                  'configs/adala/vit-adala_stage1_attn-align_dinov2-l_coco-512.py',

@@ -1,12 +1,14 @@
 # ViT-AdaLA Stage 3 (classification): an mmpretrain ImageClassifier with a linear head on the
-# Stage-2 backbone, fine-tuned on ImageNet-1k at 512 x 512.  The backbone loads the
-# 'student.*' keys of the Stage-2 checkpoint (mmlinvit.converters strips the prefix).
+# Stage-2 backbone, fine-tuned on ImageNet-1k at 512 x 512.  The backbone loads the student
+# weights Stage 2 exported (ExportStudentHook); a Stage-2 runner checkpoint works too (its
+# 'student.' prefix is stripped by mmlinvit.converters) once re-saved without training state.
 _base_ = [
     '../_base_/datasets/imagenet_bs64.py',
     '../_base_/schedules/finetune_adamw_30e.py',
     '../_base_/default_runtime_cls.py',
 ]
-stage2_checkpoint = 'work_dirs/vit-adala_stage2_feat-align_dinov2-l_in22k-512/epoch_10.pth'
+stage2_checkpoint = ('work_dirs/vit-adala_stage2_feat-align_dinov2-l_in22k-512/'
+                     'student_backbone_epoch_10.pth')
 model = dict(
     type='ImageClassifier',
     backbone=dict(

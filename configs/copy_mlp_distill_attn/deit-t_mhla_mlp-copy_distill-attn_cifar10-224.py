@@ -6,7 +6,7 @@ _base_ = './deit-t_elu_mlp-copy_distill-attn_cifar10-224.py'
 model = dict(
     student=dict(
         backbone=dict(
-            attn_cfg=dict(type='mhla', block_grid=2),
+            attn_cfg=dict(_delete_=True, type='mhla', block_grid=2),
             with_cls_token=False,
             pos_embed_type='sincos',
             out_type='avg_featmap')),

@@ -11,7 +11,7 @@ metainfo = dict(
              [0, 60, 100]])
 train_pipeline = [
     dict(type='LoadImageFromFile'),
-    dict(type='LoadAnnotations', reduce_zero_label=True),
+    dict(type='LoadAnnotations'),  # reduce_zero_label comes from the dataset
     dict(type='RandomResize', scale=(64, 64), ratio_range=(0.8, 1.5), keep_ratio=True),
     dict(type='RandomCrop', crop_size=crop_size, cat_max_ratio=0.9),
     dict(type='RandomFlip', prob=0.5),
@@ -19,7 +19,7 @@ train_pipeline = [
 ]
 test_pipeline = [
     dict(type='LoadImageFromFile'),
-    dict(type='LoadAnnotations', reduce_zero_label=True),
+    dict(type='LoadAnnotations'),  # reduce_zero_label comes from the dataset
     dict(type='PackSegInputs'),
 ]
 train_dataloader = dict(

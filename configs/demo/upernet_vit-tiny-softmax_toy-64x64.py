@@ -11,7 +11,9 @@ model = dict(
     data_preprocessor=dict(size=crop_size),
     backbone=dict(
         type='mmlinvit.VisionTransformer',
-        arch=dict(embed_dims=embed_dims, num_layers=4, num_heads=4, mlp_hidden_dims=128),
+        # _delete_: a dict replaces the base's size name 'b'
+        arch=dict(_delete_=True, embed_dims=embed_dims, num_layers=4, num_heads=4,
+                  mlp_hidden_dims=128),
         family='deit',
         img_size=64,
         patch_size=8,

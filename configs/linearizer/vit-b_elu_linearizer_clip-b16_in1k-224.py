@@ -20,3 +20,10 @@ model = dict(
         stages=dict(type='ModuleOutputs', source='blocks.{i}', indices=[2, 5, 8, 11]),
         final=dict(type='ModuleOutputs', source='norm')),
     connectors=dict(proj=dict(in_channels=768)))
+# ImageNet images without labels: no validation of the bare student
+val_dataloader = None
+val_evaluator = None
+test_dataloader = None
+test_evaluator = None
+# student_backbone_epoch_<n>.pth: the distilled student alone (no connector, no mask token)
+custom_hooks = [dict(type='mmlinvit.ExportStudentHook')]

@@ -1,3 +1,3 @@
 """OpenMMLab engine parts of mmlinvit (imported lazily by ``mmlinvit.registry``)."""
-from .hooks import DistillLossScheduleHook  # noqa: F401
+from .hooks import DistillLossScheduleHook, ExportStudentHook  # noqa: F401
 from .optimizers import LayerDecayOptimWrapperConstructor  # noqa: F401

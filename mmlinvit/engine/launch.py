@@ -149,6 +149,7 @@ def adapt_to_device(cfg: Config, launcher: str = 'none') -> None:
         if not cfg.get('model_wrapper_cfg', None):
             cfg.model_wrapper_cfg = dict(
                 type='MMDistributedDataParallel',
+                device_ids=None,  # mmengine otherwise passes [LOCAL_RANK]; CPU DDP refuses it
                 broadcast_buffers=False,
                 find_unused_parameters=cfg.get('find_unused_parameters', False))
 

@@ -248,7 +248,7 @@ def test_cli_refuses_untrusted_files_with_exit_code_1(tmp_path, capsys):
 
 @pytest.mark.skipif(importlib.util.find_spec('mmpretrain') is None,
                     reason='mmpretrain is not installed (tools/install.sh installs it)')
-@pytest.mark.parametrize('variant', ['layer_scale', 'clip_pre_norm'])
+@pytest.mark.parametrize('variant', ['layer_scale', 'clip_pre_norm', 'swiglu'])
 def test_mmpretrain_round_trip(variant, tmp_path):
     from mmpretrain.models.backbones import VisionTransformer as MMPretrainViT
 
@@ -257,6 +257,13 @@ def test_mmpretrain_round_trip(variant, tmp_path):
         ref = MMPretrainViT(arch=arch, img_size=64, patch_size=16, out_type='raw',
                             layer_scale_init_value=0.1)
         ours_kwargs = dict(family='deit3')
+    elif variant == 'swiglu':
+        ref = MMPretrainViT(arch=arch, img_size=64, patch_size=16, out_type='raw',
+                            layer_scale_init_value=0.1,
+                            layer_cfgs=dict(ffn_type='swiglu_fused'))
+        hidden = ref.layers[0].ffn.w3.in_features  # fused SwiGLU rounds 2/3 * 384 to 256
+        ours_kwargs = dict(family='dinov2', patch_size=16, with_mask_token=False,
+                           mlp_type='swiglu', arch=dict(tiny_arch(), mlp_hidden_dims=hidden))
     else:
         ref = MMPretrainViT(arch=arch, img_size=64, patch_size=16, out_type='raw',
                             pre_norm=True, norm_cfg=dict(type='LN', eps=1e-5),
@@ -269,7 +276,9 @@ def test_mmpretrain_round_trip(variant, tmp_path):
     state['head.layers.head.weight'] = torch.zeros(10, 96)
     torch.save(dict(state_dict=state, meta=dict(mmpretrain_version='1.3.6')), path)
 
-    ours = VisionTransformer(arch=tiny_arch(), img_size=64, out_type='raw', **ours_kwargs).eval()
+    ours_kwargs.setdefault('arch', tiny_arch())
+    ours = VisionTransformer(img_size=64, out_type='raw', pos_interp='bicubic',
+                             **ours_kwargs).eval()
     report = load_pretrained(ours, path)
     assert report.source_layout == 'mmpretrain'
     assert 'head.layers.head.weight' in report.dropped

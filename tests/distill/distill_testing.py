@@ -146,7 +146,7 @@ class LossRecorderHook(Hook):
         self.history: List[Dict[str, Any]] = []
 
     def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
-        self.history.append(dict(iter=runner.iter, **{k: float(v) for k, v in outputs.items()}))
+        self.history.append(dict(iter=runner.iter, **{k: float(torch.as_tensor(v).detach()) for k, v in outputs.items()}))
 
 
 class TrainingInterrupted(RuntimeError):

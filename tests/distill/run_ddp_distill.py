@@ -15,7 +15,8 @@ sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
 from mmengine.config import Config  # noqa: E402
 from mmengine.dist import get_rank  # noqa: E402
 from mmengine.model import is_model_wrapper  # noqa: E402
-from mmengine.runner import Runner  # noqa: E402
+
+from mmlinvit.engine.launch import build_runner, prepare_train_config  # noqa: E402
 
 from distill_testing import CONFIGS, LossRecorderHook, shrink_config  # noqa: E402
 
@@ -25,12 +26,9 @@ def main() -> None:
     torch.set_num_threads(1)
     cfg = Config.fromfile(osp.join(CONFIGS, config))
     shrink_config(cfg, data_root, work_dir, max_epochs=1, teacher_ckpt=teacher_ckpt)
-    cfg.launcher = 'pytorch'
-    cfg.env_cfg.dist_cfg = dict(backend='gloo')
-    # CPU processes: no device_ids (mmengine's default passes the local GPU index)
-    cfg.model_wrapper_cfg = dict(type='MMDistributedDataParallel', device_ids=None,
-                                 broadcast_buffers=False, find_unused_parameters=False)
-    runner = Runner.from_cfg(cfg)
+    # the project's launch path (tools/dist_train.sh): gloo + CPU-friendly DDP wrapper
+    prepare_train_config(cfg, config, work_dir=work_dir, launcher='pytorch')
+    runner = build_runner(cfg, mode='train')
     recorder = LossRecorderHook()
     runner.register_hook(recorder)
     runner.train()

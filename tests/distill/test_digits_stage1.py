@@ -39,22 +39,26 @@ def normalise(x_uint8):
     return (x_uint8.float() - 127.5) / 127.5
 
 
-def train_teacher(x, y):
+def train_teacher(x, y, epochs=15, batch_size=64, lr=5e-3):
     torch.manual_seed(0)
     backbone = VisionTransformer(attn_cfg='softmax', **VIT)
     head = nn.Linear(ARCH['embed_dims'], 10)
     params = list(backbone.parameters()) + list(head.parameters())
-    optimizer = torch.optim.AdamW(params, lr=3e-3, weight_decay=0.01)
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
+    steps_per_epoch = -(-len(x) // batch_size)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(
+        optimizer, max_lr=lr, total_steps=epochs * steps_per_epoch, pct_start=0.1)
     generator = torch.Generator().manual_seed(0)
-    for _ in range(12):
+    for _ in range(epochs):
         order = torch.randperm(len(x), generator=generator)
-        for start in range(0, len(x), 64):
-            idx = order[start:start + 64]
+        for start in range(0, len(x), batch_size):
+            idx = order[start:start + batch_size]
             logits = head(backbone(normalise(x[idx]))[0])
             loss = F.cross_entropy(logits, y[idx])
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
+            schedule.step()
     return backbone.eval(), head.eval()
 
 
@@ -87,6 +91,8 @@ def write_folder(root, x, y):
 
 def test_stage1_lowers_the_attention_output_gap_on_digits(tmp_path):
     x, y = digits_uint8()
+    order = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
+    x, y = x[order], y[order]
     x_train, y_train, x_test, y_test = x[:1400], y[:1400], x[1400:], y[1400:]
     teacher, head = train_teacher(x_train, y_train)
     with torch.no_grad():

@@ -2,6 +2,8 @@
 import os.path as osp
 
 import pytest
+import torch
+from mmengine.hooks import Hook
 from mmengine.config import Config
 from mmengine.runner import Runner
 
@@ -61,3 +63,22 @@ def test_hook_ramps_by_epoch_and_rejects_unknown_terms(tmp_path):
     runner = Runner.from_cfg(cfg)
     with pytest.raises(KeyError, match=r"Unknown distill term 'attn'.*attn_out"):
         runner.train()
+
+
+class _PoisonHook(Hook):
+    """Writes a NaN into a student attention weight before iteration 1."""
+
+    def before_train_iter(self, runner, batch_idx, data_batch=None):
+        if runner.iter == 1:
+            with torch.no_grad():
+                runner.model.student.blocks[0].attn.proj.weight[0, 0] = float('nan')
+
+
+def test_nan_loss_stops_training_naming_the_term(tmp_path):
+    runner = Runner.from_cfg(_stage1_cfg(tmp_path, []))
+    recorder = LossRecorderHook()
+    runner.register_hook(recorder)
+    runner.register_hook(_PoisonHook())
+    with pytest.raises(FloatingPointError, match=r"'distill\.loss_attn_out' is not finite"):
+        runner.train()
+    assert [s['iter'] for s in recorder.history] == [0]

@@ -91,9 +91,10 @@ def test_adala_stage3_loads_the_stage2_student(assets, name):
     stage2_dir = assets['work_dirs'].get(RECIPE_CONFIGS[1])
     if stage2_dir is None:
         pytest.skip('needs test_adala_stage2_starts_from_stage1')
-    stage2 = osp.join(stage2_dir, 'epoch_1.pth')
-    runner, history, ckpt = run_recipe(name, assets, student_ckpt=stage2)
-    stage2_state = torch.load(stage2, map_location='cpu', weights_only=False)['state_dict']
+    exported = osp.join(stage2_dir, 'student_backbone_epoch_1.pth')
+    runner, history, ckpt = run_recipe(name, assets, student_ckpt=exported)
+    stage2_state = torch.load(osp.join(stage2_dir, 'epoch_1.pth'), map_location='cpu',
+                              weights_only=False)['state_dict']
     state = ckpt['state_dict']
     assert 'student.loss' not in history[0] and 'loss' in history[0]
     frozen = 'frozen' in name
@@ -132,3 +133,24 @@ def test_linearizer(assets):
     state = ckpt['state_dict']
     assert state['connectors.proj.proj.weight'].shape == (24, 16)
     assert 'mask_token' in state and int(state['mask_step']) == len(history)
+
+
+def test_stage2_exports_the_student_and_its_checkpoint_keys_strip(assets):
+    from mmlinvit.backbones import LinearVisionTransformer
+    from mmlinvit.converters import load_pretrained
+    stage2_dir = assets['work_dirs'].get(RECIPE_CONFIGS[1])
+    if stage2_dir is None:
+        pytest.skip('needs test_adala_stage2_starts_from_stage1')
+    runner_state = torch.load(osp.join(stage2_dir, 'epoch_1.pth'), map_location='cpu',
+                              weights_only=False)['state_dict']
+    exported = torch.load(osp.join(stage2_dir, 'student_backbone_epoch_1.pth'), weights_only=True)
+    assert set(exported) == {k[len('student.'):] for k in runner_state if k.startswith('student.')}
+    # a runner checkpoint's weights, re-saved without training state, load with 'student.'
+    # stripped by mmlinvit.converters
+    weights_only = str(assets['root'] / 'stage2_weights.pth')
+    torch.save(runner_state, weights_only)
+    backbone = LinearVisionTransformer(arch=tiny_arch(), family='dinov2', patch_size=4, img_size=16)
+    report = load_pretrained(backbone, weights_only)
+    assert report.loaded == len(exported)
+    for key, value in backbone.state_dict().items():
+        assert torch.equal(value, exported[key]), key

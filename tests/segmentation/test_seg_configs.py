@@ -85,7 +85,6 @@ def test_config_train_step_and_inference(rel, tmp_path, ade_root, city_root):
 
     runner.train()
     assert runner.iter == 1
-    assert osp.isfile(osp.join(str(tmp_path), 'iter_1.pth'))
 
     # The configured checkpoint really initialised the backbone (tiny stand-in written by
     # tiny_config); one warm-up step at lr * 1e-6 leaves the weights where they were.

@@ -98,6 +98,8 @@ def test_interrupted_run_resumes(tmp_path, ade_root):
     work_dir = str(tmp_path / 'wd')
     cfg = tiny_config(UPERNET, ade_root, work_dir)
     cfg.train_cfg.update(max_iters=3, val_begin=10)
+    cfg.default_hooks.checkpoint.interval = 1
+    cfg.log_level = 'INFO'
     cfg.custom_hooks = [dict(type='InterruptAfterIterHook', stop_after=2)]
     cfg_file = str(tmp_path / 'cfg.py')
     cfg.dump(cfg_file)
@@ -127,6 +129,8 @@ def test_dist_train_two_processes_gloo(tmp_path, ade_root):
     work_dir = str(tmp_path / 'wd')
     cfg = tiny_config(UPERNET, ade_root, work_dir)
     cfg.train_cfg.update(max_iters=2, val_interval=2)
+    cfg.default_hooks.checkpoint.interval = 2
+    cfg.log_level = 'INFO'
     cfg_file = str(tmp_path / 'cfg.py')
     cfg.dump(cfg_file)
     env = dict(os.environ, PYTHON=sys.executable, PORT=str(_free_port()), OMP_NUM_THREADS='1',

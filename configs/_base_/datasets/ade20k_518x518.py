@@ -5,7 +5,7 @@ _base_ = './ade20k_512x512.py'
 crop_size = (518, 518)
 train_pipeline = [
     dict(type='LoadImageFromFile'),
-    dict(type='LoadAnnotations', reduce_zero_label=True),
+    dict(type='LoadAnnotations'),  # reduce_zero_label comes from the dataset
     dict(type='RandomResize', scale=(2072, 518), ratio_range=(0.5, 2.0), keep_ratio=True),
     dict(type='RandomCrop', crop_size=crop_size, cat_max_ratio=0.75),
     dict(type='RandomFlip', prob=0.5),
@@ -15,7 +15,7 @@ train_pipeline = [
 test_pipeline = [
     dict(type='LoadImageFromFile'),
     dict(type='Resize', scale=(2072, 518), keep_ratio=True),
-    dict(type='LoadAnnotations', reduce_zero_label=True),
+    dict(type='LoadAnnotations'),  # reduce_zero_label comes from the dataset
     dict(type='PackSegInputs'),
 ]
 train_dataloader = dict(dataset=dict(pipeline=train_pipeline))

@@ -11,7 +11,6 @@
 teacher_checkpoint = 'checkpoints/clip_vit_b16_openai.pt'
 model = dict(
     type='mmlinvit.DistillationModel',
-    student=None,
     teacher=dict(
         type='mmlinvit.VisionTransformer',
         arch='b',
@@ -23,7 +22,6 @@ model = dict(
     teacher_recorders=dict(
         stages=dict(type='ModuleOutputs', source='blocks.{i}', indices=[2, 5, 8, 11]),
         final=dict(type='ModuleOutputs', source='norm')),
-    student_recorders=None,
     patch_masking=dict(ratio=0.75, seed=0),
     connectors=dict(proj=dict(type='mmlinvit.LinearConnector', in_channels=None,
                               out_channels=768)),
