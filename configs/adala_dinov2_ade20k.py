@@ -7,10 +7,15 @@
 #            (attention alignment, teacher forcing; COCO images; from DINOv2-L)
 #   Stage 2  python tools/train.py configs/adala/vit-adala_stage2_feat-align_dinov2-l_in22k-512.py
 #            (feature alignment; ImageNet-22K images; load_from = Stage 1)
+#   export   python tools/model_converters/convert_checkpoint.py \
+#                work_dirs/vit-adala_stage2_feat-align_dinov2-l_in22k-512/epoch_10.pth \
+#                work_dirs/vit-adala_stage2_feat-align_dinov2-l_in22k-512/student_backbone.pth \
+#                --trust-checkpoint
+#            (keeps the student's backbone weights, keys 'student.*', as plain tensors: runner
+#            checkpoints also hold pickled training state that the safe loader refuses)
 #   Stage 3  python tools/train.py configs/adala_dinov2_ade20k.py          (this file)
-# Multi-GPU: bash tools/dist_train.sh CONFIG 8 for each.  Stage 3 starts from the Stage-2
-# student, `stage2_checkpoint` below (keys 'student.<...>'; mmlinvit.converters keeps the
-# student's backbone weights).  A missing file stops tools/train.py before anything is built.
+# Multi-GPU: bash tools/dist_train.sh CONFIG 8 for the training stages.  Stage 3 starts from
+# `stage2_checkpoint` below; a missing file stops tools/train.py before anything is built.
 #
 # Crops are 518 x 518 (37 x 37 patches of 14 px, DINOv2's native grid) instead of the
 # paper's 512: with patch 14, a 512 crop would leave the last 8 pixel rows/columns out of
@@ -25,13 +30,18 @@ _base_ = [
     './_base_/models/mask2former_vit.py', './_base_/datasets/ade20k_518x518.py',
     './_base_/default_runtime_seg.py', './_base_/schedules/schedule_160k.py'
 ]
-stage2_checkpoint = 'work_dirs/vit-adala_stage2_feat-align_dinov2-l_in22k-512/epoch_10.pth'
+stage2_checkpoint = 'work_dirs/vit-adala_stage2_feat-align_dinov2-l_in22k-512/student_backbone.pth'
 missing_path_hints = {
     'model.backbone.pretrained':
-    'This is the ViT-AdaLA Stage-2 student (keys student.*). Produce it with Stage 1 then '
-    'Stage 2: python tools/train.py configs/adala/vit-adala_stage1_attn-align_dinov2-l_coco-512.py '
-    '&& python tools/train.py configs/adala/vit-adala_stage2_feat-align_dinov2-l_in22k-512.py, '
-    'or pass an existing one with --cfg-options model.backbone.pretrained=PATH.',
+    'This is the ViT-AdaLA Stage-2 student backbone. Produce it with Stage 1, Stage 2 and an '
+    'export of the student weights: python tools/train.py '
+    'configs/adala/vit-adala_stage1_attn-align_dinov2-l_coco-512.py && python tools/train.py '
+    'configs/adala/vit-adala_stage2_feat-align_dinov2-l_in22k-512.py && python '
+    'tools/model_converters/convert_checkpoint.py '
+    'work_dirs/vit-adala_stage2_feat-align_dinov2-l_in22k-512/epoch_10.pth '
+    'work_dirs/vit-adala_stage2_feat-align_dinov2-l_in22k-512/student_backbone.pth '
+    '--trust-checkpoint ; or pass an existing one with --cfg-options '
+    'model.backbone.pretrained=PATH.',
 }
 crop_size = (518, 518)
 num_classes = 150

@@ -19,6 +19,9 @@ checkpoints); logs, checkpoints, ``predictions.png`` and ``summary.json`` are le
 work directory.  ``--quick`` shortens every stage (for the test suite).
 """
 import argparse
+import contextlib
+import importlib.util
+import io
 import json
 import os
 import os.path as osp
@@ -84,6 +87,26 @@ def _last_checkpoint(work_dir: str) -> str:
         return f.read().strip()
 
 
+def export_backbone(runner_checkpoint: str, out_file: str) -> str:
+    """Keeps a runner checkpoint's backbone weights as plain tensors (the documented step
+    ``tools/model_converters/convert_checkpoint.py SRC DST --trust-checkpoint``).
+
+    Runner checkpoints also pickle training state (message hub, optimizer), which
+    ``pretrained=`` refuses to unpickle; the backbone keys (``backbone.*`` of a segmentor,
+    ``student.*`` of a distillation model) are selected by :mod:`mmlinvit.converters`.
+    """
+    spec = importlib.util.spec_from_file_location(
+        'mmlinvit_convert_checkpoint', osp.join(REPO, 'tools/model_converters/convert_checkpoint.py'))
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    with contextlib.redirect_stdout(io.StringIO()) as report:
+        code = tool.main([runner_checkpoint, out_file, '--trust-checkpoint'])
+    if code != 0:
+        raise RuntimeError(f'exporting {runner_checkpoint} failed:\n{report.getvalue()}')
+    _log(f'exported backbone weights {runner_checkpoint} -> {out_file}')
+    return out_file
+
+
 def _set_toy_data(cfg: Config, data_root: str) -> None:
     for loader in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
         cfg[loader].dataset.data_root = data_root
@@ -101,7 +124,7 @@ def _iters_schedule(cfg: Config, iters: int, warmup: int) -> None:
 
 def train_teacher(plan: dict, data_root: str, work_dir: str, seed: int):
     """Step 2: the tiny softmax teacher with UPerNet."""
-    cfg = Config.fromfile(TEACHER_CFG)
+    cfg = Config.fromfile(TEACHER_CFG, format_python_code=False)
     _set_toy_data(cfg, data_root)
     _iters_schedule(cfg, plan['teacher_iters'], warmup=max(1, plan['teacher_iters'] // 10))
     _finish_config(cfg, TEACHER_CFG, osp.join(work_dir, 'teacher'), 'teacher', seed)
@@ -111,7 +134,7 @@ def train_teacher(plan: dict, data_root: str, work_dir: str, seed: int):
 def _distill_stage_config(path: str, backbone: dict, data_root: str, plan: dict, epochs: int,
                           lr: float) -> Config:
     """A ViT-AdaLA Stage 1/2 config, scaled down to the demo's backbone and images."""
-    cfg = Config.fromfile(path)
+    cfg = Config.fromfile(path, format_python_code=False)
     for side in ('student', 'teacher'):
         cfg.model[side].update(backbone)  # plain assignment: 'l' -> the demo's arch dict
     cfg.model.student.update(type='mmlinvit.LinearVisionTransformer', attn_cfg='elu')
@@ -142,8 +165,11 @@ def run_adala(plan: dict, data_root: str, work_dir: str, teacher_cfg: Config,
               teacher_ckpt: str, seed: int) -> Tuple[str, str]:
     """Step 3: AdaLA Stages 1 and 2 (the Stage-3 fine-tuning is :func:`train_student`).
 
+    Args:
+        teacher_ckpt: The teacher's backbone weights (plain tensors).
+
     Returns:
-        The Stage-1 and Stage-2 checkpoints.
+        The Stage-1 runner checkpoint and the Stage-2 student backbone weights.
     """
     tb = teacher_cfg.model.backbone
     backbone = dict(arch=dict(tb.arch), family=tb.family, img_size=tb.img_size,
@@ -160,12 +186,14 @@ def run_adala(plan: dict, data_root: str, work_dir: str, teacher_cfg: Config,
     cfg2.load_from = stage1_ckpt
     _finish_config(cfg2, STAGE2_CFG, osp.join(work_dir, 'stage2'), 'stage2', seed)
     _train(cfg2)
-    return stage1_ckpt, _last_checkpoint(cfg2.work_dir)
+    stage2_backbone = export_backbone(_last_checkpoint(cfg2.work_dir),
+                                      osp.join(cfg2.work_dir, 'student_backbone.pth'))
+    return stage1_ckpt, stage2_backbone
 
 
 def train_student(plan: dict, data_root: str, work_dir: str, stage2_ckpt: str, seed: int):
     """Step 3, Stage 3: the ELU+1 linear student with UPerNet, from the Stage-2 student."""
-    cfg = Config.fromfile(STUDENT_CFG)
+    cfg = Config.fromfile(STUDENT_CFG, format_python_code=False)
     _set_toy_data(cfg, data_root)
     cfg.model.backbone.pretrained = stage2_ckpt
     _iters_schedule(cfg, plan['student_iters'], warmup=max(1, plan['student_iters'] // 10))
@@ -267,10 +295,12 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, float]:
     _log('2/4 training the softmax ViT teacher (UPerNet)')
     teacher_runner = train_teacher(plan, data_root, work_dir, args.seed)
     teacher_ckpt = _last_checkpoint(teacher_runner.work_dir)
+    teacher_backbone = export_backbone(teacher_ckpt,
+                                       osp.join(teacher_runner.work_dir, 'backbone.pth'))
 
     _log('3/4 ViT-AdaLA: Stage 1 attention alignment, Stage 2 feature alignment')
-    _, stage2_ckpt = run_adala(plan, data_root, work_dir, teacher_runner.cfg, teacher_ckpt,
-                               args.seed)
+    _, stage2_ckpt = run_adala(plan, data_root, work_dir, teacher_runner.cfg,
+                               teacher_backbone, args.seed)
     _log('3/4 ViT-AdaLA: Stage 3 fine-tuning of the ELU+1 linear student (UPerNet)')
     student_runner = train_student(plan, data_root, work_dir, stage2_ckpt, args.seed)
 

@@ -21,5 +21,5 @@ model = dict(
             loss=dict(type='mmlinvit.AttentionOutputMSELoss', loss_weight=1.0),
             inputs=dict(student_outputs='student.attn_out', teacher_outputs='teacher.attn_out'))))
 default_hooks = dict(checkpoint=dict(interval=1, max_keep_ckpts=1))
-# student_backbone_epoch_<n>.pth: the student weights alone, for any backbone's pretrained=
+# student_backbone.pth: the student weights alone, for any backbone's pretrained=
 custom_hooks = [dict(type='mmlinvit.ExportStudentHook')]

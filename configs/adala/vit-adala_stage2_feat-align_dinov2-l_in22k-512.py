@@ -18,7 +18,7 @@ model = dict(
             inputs=dict(student_feats='student.final', teacher_feats='teacher.final'))))
 train_dataloader = dict(dataset=dict(data_root='data/imagenet21k', data_prefix='train'))
 load_from = stage1_checkpoint
-# student_backbone_epoch_<n>.pth: the backbone Stage 3 starts from
+# student_backbone.pth: the backbone Stage 3 starts from
 custom_hooks = [dict(type='mmlinvit.ExportStudentHook')]
 missing_path_hints = {
     'load_from': 'Run ViT-AdaLA Stage 1 first: python tools/train.py '

@@ -8,7 +8,7 @@ _base_ = [
     '../_base_/default_runtime_cls.py',
 ]
 stage2_checkpoint = ('work_dirs/vit-adala_stage2_feat-align_dinov2-l_in22k-512/'
-                     'student_backbone_epoch_10.pth')
+                     'student_backbone.pth')
 model = dict(
     type='ImageClassifier',
     backbone=dict(

@@ -25,5 +25,5 @@ val_dataloader = None
 val_evaluator = None
 test_dataloader = None
 test_evaluator = None
-# student_backbone_epoch_<n>.pth: the distilled student alone (no connector, no mask token)
+# student_backbone.pth: the distilled student alone (no connector, no mask token)
 custom_hooks = [dict(type='mmlinvit.ExportStudentHook')]

@@ -7,13 +7,18 @@ _base_ = [
     '../_base_/models/mask2former_vit.py', '../_base_/datasets/cityscapes_1024x1024.py',
     '../_base_/default_runtime_seg.py', '../_base_/schedules/schedule_80k.py'
 ]
-stage2_checkpoint = 'work_dirs/vit-adala_stage2_feat-align_dinov2-l_in22k-512/epoch_10.pth'
+stage2_checkpoint = 'work_dirs/vit-adala_stage2_feat-align_dinov2-l_in22k-512/student_backbone.pth'
 missing_path_hints = {
     'model.backbone.pretrained':
-    'This is the ViT-AdaLA Stage-2 student (keys student.*). Produce it with Stage 1 then '
-    'Stage 2: python tools/train.py configs/adala/vit-adala_stage1_attn-align_dinov2-l_coco-512.py '
-    '&& python tools/train.py configs/adala/vit-adala_stage2_feat-align_dinov2-l_in22k-512.py, '
-    'or pass an existing one with --cfg-options model.backbone.pretrained=PATH.',
+    'This is the ViT-AdaLA Stage-2 student backbone. Produce it with Stage 1, Stage 2 and an '
+    'export of the student weights: python tools/train.py '
+    'configs/adala/vit-adala_stage1_attn-align_dinov2-l_coco-512.py && python tools/train.py '
+    'configs/adala/vit-adala_stage2_feat-align_dinov2-l_in22k-512.py && python '
+    'tools/model_converters/convert_checkpoint.py '
+    'work_dirs/vit-adala_stage2_feat-align_dinov2-l_in22k-512/epoch_10.pth '
+    'work_dirs/vit-adala_stage2_feat-align_dinov2-l_in22k-512/student_backbone.pth '
+    '--trust-checkpoint ; or pass an existing one with --cfg-options '
+    'model.backbone.pretrained=PATH.',
 }
 num_classes = 19
 embed_dims = 1024

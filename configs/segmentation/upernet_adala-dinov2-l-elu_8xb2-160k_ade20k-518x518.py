@@ -5,13 +5,18 @@ _base_ = [
     '../_base_/models/upernet_vit.py', '../_base_/datasets/ade20k_518x518.py',
     '../_base_/default_runtime_seg.py', '../_base_/schedules/schedule_160k.py'
 ]
-stage2_checkpoint = 'work_dirs/vit-adala_stage2_feat-align_dinov2-l_in22k-512/epoch_10.pth'
+stage2_checkpoint = 'work_dirs/vit-adala_stage2_feat-align_dinov2-l_in22k-512/student_backbone.pth'
 missing_path_hints = {
     'model.backbone.pretrained':
-    'This is the ViT-AdaLA Stage-2 student (keys student.*). Produce it with Stage 1 then '
-    'Stage 2: python tools/train.py configs/adala/vit-adala_stage1_attn-align_dinov2-l_coco-512.py '
-    '&& python tools/train.py configs/adala/vit-adala_stage2_feat-align_dinov2-l_in22k-512.py, '
-    'or pass an existing one with --cfg-options model.backbone.pretrained=PATH.',
+    'This is the ViT-AdaLA Stage-2 student backbone. Produce it with Stage 1, Stage 2 and an '
+    'export of the student weights: python tools/train.py '
+    'configs/adala/vit-adala_stage1_attn-align_dinov2-l_coco-512.py && python tools/train.py '
+    'configs/adala/vit-adala_stage2_feat-align_dinov2-l_in22k-512.py && python '
+    'tools/model_converters/convert_checkpoint.py '
+    'work_dirs/vit-adala_stage2_feat-align_dinov2-l_in22k-512/epoch_10.pth '
+    'work_dirs/vit-adala_stage2_feat-align_dinov2-l_in22k-512/student_backbone.pth '
+    '--trust-checkpoint ; or pass an existing one with --cfg-options '
+    'model.backbone.pretrained=PATH.',
 }
 crop_size = (518, 518)
 embed_dims = 1024

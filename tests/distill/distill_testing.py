@@ -67,7 +67,7 @@ def _shrink_backbone(cfg: dict, arch: dict, pretrained: Optional[str]) -> None:
         cfg['frozen_stages'] = arch['num_layers']
 
 
-def _pipeline(with_load: bool = True) -> List[dict]:
+def _pipeline() -> List[dict]:
     return [
         dict(type='LoadImageFromFile'),
         dict(type='Resize', scale=IMG_SIZE),
@@ -100,7 +100,8 @@ def shrink_config(cfg, data_root: str, work_dir: str, max_epochs: int = 1,
     if is_distill:
         student = model.student
         backbone = student.backbone if 'backbone' in student else student
-        _shrink_backbone(backbone, tiny_arch(), student_ckpt if backbone.get('pretrained') else None)
+        _shrink_backbone(backbone, tiny_arch(),
+                         student_ckpt if backbone.get('pretrained') else None)
         _shrink_backbone(model.teacher, tiny_arch(embed_dims=teacher_width),
                          teacher_ckpt if model.teacher.get('pretrained') else None)
         if 'head' in student:
@@ -109,6 +110,7 @@ def shrink_config(cfg, data_root: str, work_dir: str, max_epochs: int = 1,
             for connector in model.connectors.values():
                 connector.in_channels = 16
                 connector.out_channels = teacher_width
+        model.check_input_size = None  # dry run at the tiny img_size
         for side in ('student_recorders', 'teacher_recorders'):
             for rec in (model.get(side) or {}).values():
                 if rec.get('indices') is not None:
@@ -146,7 +148,8 @@ class LossRecorderHook(Hook):
         self.history: List[Dict[str, Any]] = []
 
     def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
-        self.history.append(dict(iter=runner.iter, **{k: float(torch.as_tensor(v).detach()) for k, v in outputs.items()}))
+        values = {k: float(torch.as_tensor(v).detach()) for k, v in outputs.items()}
+        self.history.append(dict(iter=runner.iter, **values))
 
 
 class TrainingInterrupted(RuntimeError):
@@ -154,7 +157,7 @@ class TrainingInterrupted(RuntimeError):
 
 
 class InterruptHook(Hook):
-    """Raises :class:`TrainingInterrupted` after the given (0-based) epoch, once it is checkpointed."""
+    """Raises :class:`TrainingInterrupted` after a (0-based) epoch, once it is checkpointed."""
 
     priority = 'LOWEST'  # after CheckpointHook (VERY_LOW)
 

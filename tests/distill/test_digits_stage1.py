@@ -109,6 +109,7 @@ def test_stage1_lowers_the_attention_output_gap_on_digits(tmp_path):
     cfg = Config.fromfile(osp.join(CONFIGS, STAGE1))
     for side in ('student', 'teacher'):
         cfg.model[side].update(VIT, pretrained=ckpt, out_type='raw')
+    cfg.model.check_input_size = None  # dry run at the digits' 32 x 32
     cfg.data_preprocessor = dict(type='ClsDataPreprocessor', mean=[127.5] * 3, std=[127.5] * 3)
     cfg.train_dataloader.update(batch_size=32, num_workers=0, persistent_workers=False)
     cfg.train_dataloader.dataset = dict(

@@ -1,10 +1,10 @@
-"""DistillLossScheduleHook: switches off / ramps distillation terms inside a Runner."""
+"""DistillLossScheduleHook (switch off / ramp a term) and the NaN stop, inside a Runner."""
 import os.path as osp
 
 import pytest
 import torch
-from mmengine.hooks import Hook
 from mmengine.config import Config
+from mmengine.hooks import Hook
 from mmengine.runner import Runner
 
 from mmlinvit.engine.hooks import DistillLossScheduleHook
@@ -22,7 +22,8 @@ def test_factor_switch_and_ramp():
 
 
 def _stage1_cfg(tmp_path, custom_hooks):
-    cfg = Config.fromfile(osp.join(CONFIGS, 'adala/vit-adala_stage1_attn-align_dinov2-l_coco-512.py'))
+    cfg = Config.fromfile(
+        osp.join(CONFIGS, 'adala/vit-adala_stage1_attn-align_dinov2-l_coco-512.py'))
     data = write_image_folder(str(tmp_path / 'data'), num_per_class=2)
     shrink_config(cfg, data, str(tmp_path / 'work'), max_epochs=2)
     cfg.custom_hooks = custom_hooks

@@ -53,7 +53,8 @@ def test_adala_stage1(assets):
     # only the attention weights moved away from the DINOv2 initialisation
     init = torch.load(ckpts['dinov2'])
     state = ckpt['state_dict']
-    assert not torch.equal(state['student.blocks.0.attn.qkv.weight'], init['blocks.0.attn.qkv.weight'])
+    assert not torch.equal(state['student.blocks.0.attn.qkv.weight'],
+                           init['blocks.0.attn.qkv.weight'])
     assert torch.equal(state['student.blocks.0.mlp.fc1.weight'], init['blocks.0.mlp.fc1.weight'])
     assert torch.equal(state['student.patch_embed.proj.weight'], init['patch_embed.proj.weight'])
 
@@ -91,7 +92,7 @@ def test_adala_stage3_loads_the_stage2_student(assets, name):
     stage2_dir = assets['work_dirs'].get(RECIPE_CONFIGS[1])
     if stage2_dir is None:
         pytest.skip('needs test_adala_stage2_starts_from_stage1')
-    exported = osp.join(stage2_dir, 'student_backbone_epoch_1.pth')
+    exported = osp.join(stage2_dir, 'student_backbone.pth')
     runner, history, ckpt = run_recipe(name, assets, student_ckpt=exported)
     stage2_state = torch.load(osp.join(stage2_dir, 'epoch_1.pth'), map_location='cpu',
                               weights_only=False)['state_dict']
@@ -126,12 +127,13 @@ def test_copy_mlp_distill_attn(assets, name):
 
 
 def test_linearizer(assets):
-    runner, history, ckpt = run_recipe(RECIPE_CONFIGS[8], assets, teacher_ckpt=assets['ckpts']['clip'],
+    runner, history, ckpt = run_recipe(RECIPE_CONFIGS[8], assets,
+                                       teacher_ckpt=assets['ckpts']['clip'],
                                        teacher_width=24)
     assert {'distill.loss_act', 'distill.loss_mask', 'distill.gap_act',
             'distill.gap_mask'} <= set(history[0])
     state = ckpt['state_dict']
-    assert state['connectors.proj.proj.weight'].shape == (24, 16)
+    assert state['connectors.proj.linear.weight'].shape == (24, 16)
     assert 'mask_token' in state and int(state['mask_step']) == len(history)
 
 
@@ -143,7 +145,7 @@ def test_stage2_exports_the_student_and_its_checkpoint_keys_strip(assets):
         pytest.skip('needs test_adala_stage2_starts_from_stage1')
     runner_state = torch.load(osp.join(stage2_dir, 'epoch_1.pth'), map_location='cpu',
                               weights_only=False)['state_dict']
-    exported = torch.load(osp.join(stage2_dir, 'student_backbone_epoch_1.pth'), weights_only=True)
+    exported = torch.load(osp.join(stage2_dir, 'student_backbone.pth'), weights_only=True)
     assert set(exported) == {k[len('student.'):] for k in runner_state if k.startswith('student.')}
     # a runner checkpoint's weights, re-saved without training state, load with 'student.'
     # stripped by mmlinvit.converters

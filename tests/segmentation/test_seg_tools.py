@@ -63,7 +63,7 @@ def test_missing_data_root_and_checkpoint_stop_before_training(tmp_path):
     message = str(exc.value)
     assert missing_root in message
     assert 'ADEChallengeData2016.zip' in message  # how to get the data
-    assert 'vit-adala_stage2_feat-align_dinov2-l_in22k-512/epoch_10.pth' in message  # the Stage-2 checkpoint
+    assert 'vit-adala_stage2_feat-align_dinov2-l_in22k-512/student_backbone.pth' in message  # the Stage-2 checkpoint
     assert 'Stage 1' in message and 'Stage 2' in message  # how to produce it
     assert not work_dir.exists()  # nothing was built
 
@@ -117,6 +117,34 @@ def test_interrupted_run_resumes(tmp_path, ade_root):
     assert not re.search(r'Iter\(train\) \[1/3\]', log)  # iterations 1-2 were not redone
     ckpt = torch.load(osp.join(work_dir, 'iter_3.pth'), map_location='cpu', weights_only=False)
     assert ckpt['meta']['iter'] == 3
+
+    # tools/test.py evaluates the result and paints the predictions.
+    show_dir = str(tmp_path / 'painted')
+    metrics = _load_tool('test').main([
+        cfg_file, osp.join(work_dir, 'iter_3.pth'), '--work-dir', str(tmp_path / 'test_wd'),
+        '--show-dir', show_dir, '--cfg-options', 'model.test_cfg.mode=slide'
+    ])
+    assert 0.0 <= metrics['mIoU'] <= 100.0
+    assert glob.glob(osp.join(show_dir, '**', '*.png'), recursive=True)
+
+
+def test_tools_choose_the_world_from_default_scope(tmp_path):
+    from mmengine.config import Config
+
+    from mmlinvit.engine.launch import prepare_test_config, world_of
+    cls_cfg = Config.fromfile(osp.join(REPO, 'configs', 'copy_mlp_distill_attn',
+                                       'deit-t_elu_mlp-copy_distill-attn_cifar10-224.py'))
+    seg_cfg = Config.fromfile(osp.join(REPO, 'configs', 'adala_dinov2_ade20k.py'))
+    assert world_of(cls_cfg).scope == 'mmpretrain' and world_of(seg_cfg).scope == 'mmseg'
+    prepare_test_config(cls_cfg, 'x.py', 'ckpt.pth', show_dir=str(tmp_path))
+    assert cls_cfg.default_hooks.visualization.enable
+    assert cls_cfg.default_hooks.visualization.out_dir == str(tmp_path)
+    prepare_test_config(seg_cfg, 'x.py', 'ckpt.pth', show_dir=str(tmp_path))
+    assert seg_cfg.default_hooks.visualization.draw
+    assert seg_cfg.visualizer.save_dir == str(tmp_path)
+    seg_cfg.default_scope = 'mmdet'
+    with pytest.raises(KeyError, match='mmpretrain'):
+        world_of(seg_cfg)
 
 
 def _free_port() -> int:

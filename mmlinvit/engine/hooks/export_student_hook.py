@@ -12,26 +12,28 @@ from mmlinvit.registry import HOOKS
 
 @HOOKS.register_module()
 class ExportStudentHook(Hook):
-    """Writes ``<work_dir>/student_backbone_epoch_<n>.pth`` whenever a checkpoint is saved.
+    """Writes the student backbone's weights to ``<work_dir>/student_backbone.pth`` whenever a
+    checkpoint is saved.
 
     The file holds the student backbone's state dict only (canonical keys, tensors only; no
     teacher, connectors, mask token or training state), so any backbone config loads it with
     ``pretrained=<file>`` under ``torch.load(weights_only=True)``.  Runner checkpoints also
-    work through their ``student.`` keys, but they pickle training state (message hub,
-    optimizer) that the safe loader refuses unless trusted.
+    carry the student (``student.`` keys, stripped by :mod:`mmlinvit.converters`), but they
+    pickle training state (message hub, optimizer) that the safe loader refuses unless trusted.
 
     Args:
-        by_epoch: Name files after the epoch (``True``) or the iteration of the checkpoint;
-            match the ``CheckpointHook``.
-        filename_tmpl: File name template, formatted with ``'epoch_<n>'`` / ``'iter_<n>'``.
+        filename_tmpl: File name in the work dir.  A ``{}`` in it is replaced by
+            ``epoch_<n>`` / ``iter_<n>`` to keep one file per checkpoint; without it (default)
+            the file always holds the latest student.
+        by_epoch: Whether ``{}`` is filled with the epoch (``True``) or the iteration of the
+            checkpoint; match the ``CheckpointHook``.
     """
 
     priority = 'NORMAL'
 
-    def __init__(self, by_epoch: bool = True,
-                 filename_tmpl: str = 'student_backbone_{}.pth') -> None:
-        self.by_epoch = by_epoch
+    def __init__(self, filename_tmpl: str = 'student_backbone.pth', by_epoch: bool = True) -> None:
         self.filename_tmpl = filename_tmpl
+        self.by_epoch = by_epoch
 
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
         model = runner.model.module if is_model_wrapper(runner.model) else runner.model
@@ -45,4 +47,4 @@ class ExportStudentHook(Hook):
             state = {k: v.detach().cpu().clone()
                      for k, v in model.student_backbone().state_dict().items()}
             torch.save(state, path)
-            print_log(f'Exported the student backbone to {path}', logger='current')
+            print_log(f'Exported the student backbone ({tag}) to {path}', logger='current')

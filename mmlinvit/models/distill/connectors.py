@@ -31,16 +31,16 @@ class LinearConnector(nn.Module):
                             f'{out_channels!r}')
         self.in_channels = in_channels
         self.out_channels = out_channels
-        self.proj = nn.Linear(in_channels, out_channels, bias=bias)
-        nn.init.trunc_normal_(self.proj.weight, std=0.02)
+        self.linear = nn.Linear(in_channels, out_channels, bias=bias)
+        nn.init.trunc_normal_(self.linear.weight, std=0.02)
         if bias:
-            nn.init.zeros_(self.proj.bias)
+            nn.init.zeros_(self.linear.bias)
 
     def _apply_one(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.in_channels:
             raise ValueError(f'LinearConnector expects width {self.in_channels}, got a record '
                              f'of shape {tuple(x.shape)}')
-        return self.proj(x)
+        return self.linear(x)
 
     def forward(self, x: Record) -> Record:
         """Projects a tensor, or each tensor of a list (one per block / stage)."""

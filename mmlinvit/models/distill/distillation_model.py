@@ -42,59 +42,10 @@ from mmengine.runner.checkpoint import load_checkpoint
 
 from mmlinvit.registry import MODELS
 from .errors import DistillationConfigError
+from .input_specs import CONTEXT_KEYS, InputSpec, parse_input_spec
 from .recorders import ModuleInputsRecorder, ModuleRecorder, build_recorder
 
-#: Context entries input specs may name as ``'context.<key>'``.
-CONTEXT_KEYS = ('patch_mask', 'student_token_layout', 'teacher_token_layout')
-SIDES = ('student', 'teacher', 'context')
 TokenLayout = Tuple[int, int]
-
-
-class InputSpec:
-    """Where one loss argument comes from.
-
-    Args:
-        arg: Loss argument name.
-        side: ``'student'``, ``'teacher'`` or ``'context'``.
-        name: Recorder name or context key.
-        connector: Optional connector name applied to the record.
-    """
-
-    def __init__(self, arg: str, side: str, name: str, connector: Optional[str] = None) -> None:
-        self.arg = arg
-        self.side = side
-        self.name = name
-        self.connector = connector
-
-    def __repr__(self) -> str:
-        via = f' via connector {self.connector!r}' if self.connector else ''
-        return f'{self.side}.{self.name}{via}'
-
-
-def parse_input_spec(term: str, arg: str, spec: Union[str, dict]) -> InputSpec:
-    """Parses ``'side.name'`` or ``dict(source='side.name', connector=...)``."""
-    connector = None
-    if isinstance(spec, dict):
-        unknown = sorted(set(spec) - {'source', 'connector'})
-        if unknown or 'source' not in spec:
-            raise DistillationConfigError(
-                f"distill term {term!r}, argument {arg!r}: a dict input spec takes 'source' "
-                f"(required) and 'connector', got keys {sorted(spec)}")
-        connector = spec.get('connector')
-        spec = spec['source']
-    if not isinstance(spec, str) or '.' not in spec:
-        raise DistillationConfigError(
-            f"distill term {term!r}, argument {arg!r}: input spec {spec!r} must look like "
-            f"'student.<recorder>', 'teacher.<recorder>' or 'context.<key>'")
-    side, name = spec.split('.', 1)
-    if side not in SIDES:
-        raise DistillationConfigError(
-            f'distill term {term!r}, argument {arg!r}: unknown side {side!r} in {spec!r}; '
-            f'use one of {SIDES}')
-    if side == 'context' and connector is not None:
-        raise DistillationConfigError(
-            f'distill term {term!r}, argument {arg!r}: context entries take no connector')
-    return InputSpec(arg, side, name, connector)
 
 
 def _shape_of(value: Any) -> str:
@@ -381,7 +332,8 @@ class DistillationModel(BaseModel):
                 param.requires_grad_(False)
 
     @staticmethod
-    def _token_layout(layout: Optional[Sequence[int]], backbone: nn.Module) -> Optional[TokenLayout]:
+    def _token_layout(layout: Optional[Sequence[int]],
+                      backbone: nn.Module) -> Optional[TokenLayout]:
         if layout is not None:
             if len(layout) != 2:
                 raise DistillationConfigError(f'a token layout is (prefix, suffix), got '
@@ -536,7 +488,7 @@ class DistillationModel(BaseModel):
             else:
                 self.teacher(inputs)
 
-    def _run_teacher_forced_student(self, inputs: torch.Tensor) -> None:
+    def _run_teacher_forced_student(self, inputs: torch.Tensor, dry_run: bool = False) -> None:
         recorder = self.teacher_recorders[self.teacher_forcing['input_recorder']]
         block_inputs = recorder.get('teacher forcing input')
         if not isinstance(block_inputs, list):
@@ -550,6 +502,8 @@ class DistillationModel(BaseModel):
             try:
                 block.forward_attn(x, hw_shape, backbone.num_prefix_tokens)
             except RuntimeError as err:
+                if not dry_run:
+                    raise
                 raise DistillationConfigError(
                     f'teacher forcing: student block {blocks}.{idx} cannot take the teacher '
                     f'block input of shape {tuple(x.shape)} (student embed_dims='
@@ -557,9 +511,10 @@ class DistillationModel(BaseModel):
                     f'{backbone.num_prefix_tokens} prefix tokens): {err}') from err
 
     def _run_student(self, inputs: torch.Tensor, data_samples: Optional[list],
-                     patch_mask: Optional[torch.Tensor], task_loss: bool) -> Dict[str, Any]:
+                     patch_mask: Optional[torch.Tensor], task_loss: bool,
+                     dry_run: bool = False) -> Dict[str, Any]:
         if self.teacher_forcing is not None:
-            self._run_teacher_forced_student(inputs)
+            self._run_teacher_forced_student(inputs, dry_run)
             return {}
         if self.student_is_task_model:
             if task_loss:
@@ -581,7 +536,8 @@ class DistillationModel(BaseModel):
             value = self.connectors[spec.connector](value)
         return value
 
-    def _distill_terms(self, context: Dict[str, Any], dry_run: bool = False) -> Dict[str, torch.Tensor]:
+    def _distill_terms(self, context: Dict[str, Any],
+                       dry_run: bool = False) -> Dict[str, torch.Tensor]:
         out = {}
         for term, loss in self.distill_losses.items():
             specs = self.term_inputs[term]
@@ -637,7 +593,7 @@ class DistillationModel(BaseModel):
                 mask = (self._sample_patch_mask(inputs, advance=False)
                         if self.mask_ratio is not None else None)
                 self._run_teacher(inputs)
-                self._run_student(inputs, None, mask, task_loss=False)
+                self._run_student(inputs, None, mask, task_loss=False, dry_run=True)
                 self._distill_terms(self._context(mask), dry_run=True)
         finally:
             self.train(was_training)
