@@ -31,7 +31,9 @@ Memory is O(N) in the number of tokens: the mixer's chunked scan never builds an
 tensor, only chunk x chunk blocks.
 """
 import logging
-from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
+import pickle
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -58,6 +60,91 @@ OUT_TYPES = ('raw', 'cls_token', 'avg_featmap', 'featmap')
 FLIP_SCHEDULES = ('paper', 'official', 'none')
 #: Checkpoint keys that wrap a state dict, unwrapped by :meth:`Adventurer.init_weights`.
 CHECKPOINT_WRAPPER_KEYS = ('state_dict', 'model')
+#: Key prefixes under which other models hold an Adventurer, tried in this order: a
+#: ``mmlinvit.DistillationModel`` with a task-model student, one with a bare-backbone student
+#: (ViT-Linearizer), an mmpretrain / mmseg task model.  The first prefix some key carries
+#: selects the keys under it; every other key (teacher, connectors, heads...) is dropped.
+CHECKPOINT_PREFIXES = ('student.backbone.', 'student.', 'backbone.')
+
+
+@dataclass
+class AdventurerCheckpointReport:
+    """What :func:`select_adventurer_state_dict` / :meth:`Adventurer.init_weights` did.
+
+    Attributes:
+        source: The checkpoint (path or description).
+        prefix: The prefix whose keys were kept (``''``: none, a plain backbone file).
+        dropped: Checkpoint key -> why it was not loaded.
+        notes: Value changes (e.g. a resampled position grid).
+        loaded: Number of tensors loaded (0 until loaded).
+    """
+    source: str
+    prefix: str = ''
+    dropped: Dict[str, str] = field(default_factory=dict)
+    notes: List[str] = field(default_factory=list)
+    loaded: int = 0
+
+    def summary(self) -> str:
+        """One line: what was loaded, under which prefix, and what was dropped (grouped)."""
+        reasons: Dict[str, List[str]] = {}
+        for key, reason in self.dropped.items():
+            reasons.setdefault(reason, []).append(key)
+        parts = [f'loaded {self.loaded} tensors from {self.source}']
+        if self.prefix:
+            parts.append(f'keys under {self.prefix!r}')
+        for reason, keys in sorted(reasons.items()):
+            shown = ', '.join(sorted(keys)[:6]) + (' ...' if len(keys) > 6 else '')
+            parts.append(f'dropped {len(keys)} ({reason}): {shown}')
+        return '; '.join(parts + self.notes)
+
+
+def select_adventurer_state_dict(
+        checkpoint: Mapping[str, Any],
+        source: str = 'the checkpoint') -> Tuple[Dict[str, torch.Tensor],
+                                                  AdventurerCheckpointReport]:
+    """Extracts Adventurer weights from a backbone file or a training checkpoint.
+
+    Unwraps ``state_dict`` / ``model``, strips a DDP ``module.`` prefix, keeps the keys under
+    the first of :data:`CHECKPOINT_PREFIXES` that occurs (a ``mmlinvit.DistillationModel``
+    checkpoint: ``student.*``; its ``connectors.*``, wrapper ``mask_token`` and ``mask_step``
+    are dropped) and drops classifier keys ``head.*`` (released ImageNet models).
+
+    Args:
+        checkpoint: The loaded checkpoint object.
+        source: Description for the report and error messages.
+
+    Returns:
+        The Adventurer state dict and an :class:`AdventurerCheckpointReport`.
+
+    Raises:
+        TypeError: when no state dict of tensors is found.
+    """
+    obj: Any = checkpoint
+    for key in CHECKPOINT_WRAPPER_KEYS:
+        if isinstance(obj, Mapping) and isinstance(obj.get(key), Mapping):
+            obj = obj[key]
+            break
+    if not isinstance(obj, Mapping) or not obj:
+        raise TypeError(f'{source} does not hold a state dict (got {type(obj).__name__})')
+    state = {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
+    report = AdventurerCheckpointReport(source)
+    for key in obj:
+        if key not in state:
+            report.dropped[key] = 'not a tensor'
+    if state and all(k.startswith('module.') for k in state):
+        state = {k[len('module.'):]: v for k, v in state.items()}
+    for prefix in CHECKPOINT_PREFIXES:
+        if any(k.startswith(prefix) for k in state):
+            report.prefix = prefix
+            for key in state:
+                if not key.startswith(prefix):
+                    report.dropped[key] = f'outside {prefix!r}'
+            state = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+            break
+    for key in [k for k in state if k.startswith('head.')]:
+        report.dropped[report.prefix + key] = 'classifier head'
+        del state[key]
+    return state, report
 
 
 def flip_block_indices(schedule: Union[str, Sequence[int]], num_layers: int) -> List[int]:
@@ -258,6 +345,8 @@ class Adventurer(nn.Module):
         self.norm_all_outputs = norm_all_outputs
         self.frozen_stages = frozen_stages
         self.pretrained = pretrained
+        #: What the last :meth:`init_weights` loaded and dropped (``None`` before).
+        self.load_report: Optional[AdventurerCheckpointReport] = None
 
         self.patch_embed = PatchEmbed(in_channels, self.embed_dims, patch_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, self.embed_dims))
@@ -323,38 +412,71 @@ class Adventurer(nn.Module):
     def init_weights(self) -> None:
         """Loads ``pretrained`` if set (mmengine calls this); otherwise keeps the init.
 
-        The file is read with ``torch.load(weights_only=True)``; a state dict wrapped under
-        one of :data:`CHECKPOINT_WRAPPER_KEYS` is unwrapped, and classifier keys ``head.*``
-        (released ImageNet models) are dropped with a log line.  Everything else must match
-        exactly (``strict=True``); a mismatch raises a ``KeyError`` that lists the missing and
-        unexpected keys.  A different position grid is adopted and resampled per forward.
+        The file is read with ``torch.load(weights_only=True)`` and passed through
+        :func:`select_adventurer_state_dict`, so a plain backbone file, a released model
+        (``head.*`` dropped), a task-model checkpoint (``backbone.*``) and a
+        ``mmlinvit.DistillationModel`` checkpoint of a distilled Adventurer (``student.*``;
+        connectors and the wrapper's masking state dropped) all load.  A ``mask_token`` in
+        the checkpoint is dropped when this model is built with ``with_mask_token=False``
+        (the token is only used by masked distillation, never by :meth:`forward`).
+        Everything else must match exactly (``strict=True``); a mismatch raises a
+        ``KeyError`` that lists the missing and unexpected keys.  A checkpoint position grid
+        of another (square) size is resampled (bicubic) to this model's grid before loading,
+        so the ``pos_embed`` parameter is kept: runners build the optimizer and the DDP
+        wrapper before ``init_weights``, and mmengine refuses replaced parameters.  What was
+        loaded, dropped and resampled is logged and kept in ``self.load_report``
+        (:class:`AdventurerCheckpointReport`).
         """
         if not self.pretrained:
             return
-        ckpt = torch.load(self.pretrained, map_location='cpu', weights_only=True)
-        for key in CHECKPOINT_WRAPPER_KEYS:
-            if isinstance(ckpt, dict) and isinstance(ckpt.get(key), dict):
-                ckpt = ckpt[key]
-                break
-        if not isinstance(ckpt, dict):
-            raise TypeError(f'{self.pretrained} does not hold a state dict (got '
-                            f'{type(ckpt).__name__})')
-        head = sorted(k for k in ckpt if k.startswith('head.'))
-        if head:
-            logger.info('Adventurer.init_weights: dropping classifier keys %s', head)
-            ckpt = {k: v for k, v in ckpt.items() if not k.startswith('head.')}
+        try:
+            ckpt = torch.load(self.pretrained, map_location='cpu', weights_only=True)
+        except pickle.UnpicklingError as err:
+            raise TypeError(
+                f'{self.pretrained} holds Python objects besides tensors (an mmengine runner '
+                f'checkpoint with its training state?), which the safe torch.load('
+                f'weights_only=True) refuses. Use the student_backbone.pth written by '
+                f'mmlinvit.ExportStudentHook, or re-save the weights of a checkpoint you trust '
+                f'with tools/model_converters/export_student.py CKPT OUT --trust-checkpoint'
+            ) from err
+        state, report = select_adventurer_state_dict(ckpt, str(self.pretrained))
+        if self.mask_token is None and 'mask_token' in state:
+            report.dropped[report.prefix + 'mask_token'] = (
+                'mask token of masked distillation; this model has with_mask_token=False')
+            del state['mask_token']
+        self._fit_pos_grid(state, report)
         own = set(self.state_dict())
-        missing, unexpected = sorted(own - set(ckpt)), sorted(set(ckpt) - own)
+        missing, unexpected = sorted(own - set(state)), sorted(set(state) - own)
         if missing or unexpected:
             hints = []
             if 'mask_token' in missing:
                 hints.append('the checkpoint has no mask_token: build with with_mask_token=False')
-            if any(k.startswith('backbone.') for k in unexpected):
-                hints.append("keys carry a 'backbone.' prefix: strip it first")
+            if report.dropped:
+                hints.append(report.summary())
             raise KeyError(f'Checkpoint {self.pretrained} does not match Adventurer '
                            f'({self.arch}): missing keys {missing}; unexpected keys '
                            f'{unexpected}' + (f" ({'; '.join(hints)})" if hints else ''))
-        self.load_state_dict(ckpt, strict=True)
+        self.load_state_dict(state, strict=True)
+        report.loaded = len(state)
+        self.load_report = report
+        logger.info('Adventurer.init_weights: %s', report.summary())
+
+    def _fit_pos_grid(self, state: Dict[str, torch.Tensor],
+                      report: AdventurerCheckpointReport) -> None:
+        """Resamples a checkpoint ``pos_embed`` of another square grid to ``self.pos_grid``.
+
+        Shapes that are no (1, s * s + 1, C) grid of this width are left to the strict load,
+        which reports them.
+        """
+        pos = state.get('pos_embed')
+        if (pos is None or pos.shape == self.pos_embed.shape or pos.ndim != 3
+                or pos.shape[0] != 1 or pos.shape[-1] != self.embed_dims):
+            return
+        src = infer_square_grid(pos.shape[1] - 1)
+        patches = resample_pos_grid(pos[:, :-1], src, self.pos_grid, 'bicubic')
+        state['pos_embed'] = torch.cat([patches.to(pos.dtype), pos[:, -1:]], dim=1)
+        report.notes.append(f'pos_embed resampled (bicubic) from a {src[0]}x{src[1]} grid to '
+                            f'the model grid {self.pos_grid[0]}x{self.pos_grid[1]}')
 
     def _freeze_stages(self) -> None:
         if self.frozen_stages < 0:

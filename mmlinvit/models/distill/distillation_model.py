@@ -91,7 +91,10 @@ class DistillationModel(BaseModel):
             teacher's input of block i instead of the student's own forward (AdaLA Stage 1).
         patch_masking: ``dict(ratio=0.75, seed=0)``: a learnable mask token replaces that
             ratio of the student's patch tokens, sampled per image (ViT-Linearizer).  Needs a
-            bare backbone student with ``forward_tokens(x, patch_mask, mask_token)``.
+            bare backbone student with ``forward_tokens(x, patch_mask, mask_token)``.  The
+            token is this model's ``mask_token``; with ``use_student_mask_token=True`` it is
+            the student backbone's own ``mask_token`` parameter instead (e.g. Adventurer),
+            which then trains and is exported with the student.
         trainable_params: fnmatch patterns of student parameter names that train (e.g.
             ``['blocks.*.attn.*']``); every other student parameter is frozen.  ``None``
             trains all.
@@ -286,10 +289,10 @@ class DistillationModel(BaseModel):
         if cfg is None:
             return
         cfg = dict(cfg)
-        unknown = sorted(set(cfg) - {'ratio', 'seed'})
+        unknown = sorted(set(cfg) - {'ratio', 'seed', 'use_student_mask_token'})
         if unknown:
-            raise DistillationConfigError(f"patch_masking takes 'ratio' and 'seed', got "
-                                          f"unknown keys {unknown}")
+            raise DistillationConfigError(f"patch_masking takes 'ratio', 'seed' and "
+                                          f"'use_student_mask_token', got unknown keys {unknown}")
         ratio = float(cfg.get('ratio', 0.75))
         if not 0.0 <= ratio < 1.0:
             raise DistillationConfigError(f'patch_masking.ratio must be in [0, 1), got {ratio}')
@@ -309,8 +312,16 @@ class DistillationModel(BaseModel):
                                               f'attribute {attr!r}')
         self.mask_ratio = ratio
         self.mask_seed = int(cfg.get('seed', 0))
-        self.mask_token = nn.Parameter(torch.zeros(1, backbone.embed_dims))
-        nn.init.trunc_normal_(self.mask_token, std=0.02)
+        if cfg.get('use_student_mask_token', False):
+            # forward_tokens(mask_token=None) falls back to the backbone's own token
+            if not isinstance(getattr(backbone, 'mask_token', None), nn.Parameter):
+                raise DistillationConfigError(
+                    f'patch_masking.use_student_mask_token needs a mask_token parameter in the '
+                    f'student backbone; build {type(backbone).__name__} with '
+                    f'with_mask_token=True or drop use_student_mask_token')
+        else:
+            self.mask_token = nn.Parameter(torch.zeros(1, backbone.embed_dims))
+            nn.init.trunc_normal_(self.mask_token, std=0.02)
         # Masks are drawn from (seed, step, rank): resuming reproduces them exactly.
         self.register_buffer('mask_step', torch.zeros((), dtype=torch.long))
 

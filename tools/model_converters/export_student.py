@@ -1,0 +1,85 @@
+"""Exports the student backbone of a ``mmlinvit.DistillationModel`` checkpoint.
+
+Usage::
+
+    python tools/model_converters/export_student.py SRC DST [--trust-checkpoint]
+
+SRC is a checkpoint of a distillation run (``epoch_N.pth`` / ``iter_N.pth`` of the runner, or
+any state dict with ``student.*`` keys).  DST receives the student backbone's weights alone:
+the keys under ``student.backbone.`` (task-model student) or ``student.`` (bare-backbone
+student, e.g. the ViT-Linearizer Adventurer) with the prefix removed, as a plain
+``{name: tensor}`` dict readable with ``torch.load(weights_only=True)`` -- the same file
+``mmlinvit.ExportStudentHook`` writes.  Connectors, the wrapper's mask token and masking
+step, and everything else outside the student backbone are left out and listed.  No layout
+conversion happens: backbone configs load DST with ``pretrained=DST``.
+"""
+import argparse
+import os
+import sys
+from typing import Dict, List, Optional, Tuple
+
+import torch
+
+from mmlinvit.converters import UntrustedCheckpointError, load_checkpoint_file
+
+#: Prefixes of the student backbone in DistillationModel checkpoints, in order of preference.
+STUDENT_PREFIXES = ('student.backbone.', 'student.')
+
+
+def select_student_backbone(
+        state_dict: Dict[str, torch.Tensor]) -> Tuple[Dict[str, torch.Tensor], str, List[str]]:
+    """Keeps the student backbone's keys of a distillation checkpoint.
+
+    Args:
+        state_dict: Flat checkpoint state dict (``module.`` already stripped or not).
+
+    Returns:
+        (student backbone state dict, the prefix used, the dropped keys).
+
+    Raises:
+        KeyError: when no key carries a student prefix.
+    """
+    if state_dict and all(k.startswith('module.') for k in state_dict):
+        state_dict = {k[len('module.'):]: v for k, v in state_dict.items()}
+    for prefix in STUDENT_PREFIXES:
+        if any(k.startswith(prefix) for k in state_dict):
+            kept = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
+            dropped = sorted(k for k in state_dict if not k.startswith(prefix))
+            return kept, prefix, dropped
+    raise KeyError(f'No key starts with {STUDENT_PREFIXES}: this is not a '
+                   f'mmlinvit.DistillationModel checkpoint (first keys: '
+                   f'{sorted(state_dict)[:8]}); a plain backbone file needs no export')
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    """Command-line arguments."""
+    parser = argparse.ArgumentParser(
+        description='Export the student backbone of a distillation checkpoint.')
+    parser.add_argument('src', help='distillation checkpoint (runner epoch_N.pth / iter_N.pth)')
+    parser.add_argument('dst', help='output weights file')
+    parser.add_argument('--trust-checkpoint', action='store_true',
+                        help='allow a full unpickle of a runner checkpoint (it holds training '
+                             'state besides tensors; runs code from the file: only for '
+                             'trusted files)')
+    return parser.parse_args(argv)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Runs the export; returns the process exit code."""
+    args = parse_args(argv)
+    try:
+        raw = load_checkpoint_file(args.src, trust_checkpoint=args.trust_checkpoint)
+        state, prefix, dropped = select_student_backbone(raw)
+    except (OSError, UntrustedCheckpointError, KeyError, TypeError, ValueError) as err:
+        print(f'error: {err}', file=sys.stderr)
+        return 1
+    os.makedirs(os.path.dirname(os.path.abspath(args.dst)), exist_ok=True)
+    torch.save({k: v.detach().cpu().clone() for k, v in state.items()}, args.dst)
+    print(f'kept the {len(state)} tensors under {prefix!r}; dropped {len(dropped)}: '
+          f'{", ".join(dropped[:12])}{" ..." if len(dropped) > 12 else ""}')
+    print(f'wrote {args.dst}')
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
