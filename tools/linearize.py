@@ -27,6 +27,7 @@ from typing import Any, Dict, List, Optional, Union
 import torch
 
 from mmlinvit.backbones import VisionTransformer
+from mmlinvit.layers.pos_embed import infer_square_grid
 from mmlinvit.converters import (check_state_dict_fits, convert_state_dict, layout_names,
                                  load_checkpoint_file)
 from mmlinvit.transfer import TRANSFER_STRATEGIES, transfer_weights
@@ -115,6 +116,10 @@ def teacher_structure(state_dict: Dict[str, torch.Tensor]) -> Dict[str, Any]:
     patch = state_dict.get('patch_embed.proj.weight')
     if patch is not None and patch.ndim == 4:
         structure['patch_size'] = int(patch.shape[-1])
+        if 'pos_embed' in state_dict:  # the resolution the checkpoint's grid was learned at
+            n_patches = state_dict['pos_embed'].shape[1] - int(structure['with_cls_token'])
+            side = infer_square_grid(n_patches)[0]
+            structure['img_size'] = side * structure['patch_size']
     return structure
 
 

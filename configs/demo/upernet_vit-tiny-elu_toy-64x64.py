@@ -8,14 +8,14 @@ model = dict(
         type='mmlinvit.LinearVisionTransformer',
         attn_cfg='elu',
         pretrained='work_dirs/demo/stage2/student_backbone.pth'))
-max_iters = 200
+max_iters = 300
 optim_wrapper = dict(
-    optimizer=dict(lr=1e-3),
+    optimizer=dict(lr=2e-3),
     constructor='mmlinvit.LayerDecayOptimWrapperConstructor',
     paramwise_cfg=dict(layer_decay_rate=0.9))
 param_scheduler = [
-    dict(type='LinearLR', start_factor=0.05, by_epoch=False, begin=0, end=20),
-    dict(type='PolyLR', eta_min=1e-5, power=1.0, begin=20, end=max_iters, by_epoch=False),
+    dict(type='LinearLR', start_factor=0.05, by_epoch=False, begin=0, end=30),
+    dict(type='PolyLR', eta_min=1e-5, power=1.0, begin=30, end=max_iters, by_epoch=False),
 ]
 train_cfg = dict(max_iters=max_iters, val_interval=max_iters)
 default_hooks = dict(checkpoint=dict(interval=max_iters))

@@ -11,8 +11,9 @@ positions), ``patch_embed.proj``, ``pre_norm`` (CLIP ``ln_pre``), ``blocks.i.{no
 attn.proj, ls1.gamma, norm2, mlp.fc1, mlp.fc2, ls2.gamma}``, ``norm``.  Converters in
 :mod:`mmlinvit.converters` map the official layouts to it.
 
-Position embeddings keep the grid of the checkpoint they were loaded from and are resampled
-to the input grid on every forward, so any resolution (512, 518, 1024, 512 x 1024) works.
+Position embeddings are learned on the grid of ``img_size``; a checkpoint trained on another
+grid is resampled to it once at load time (family interpolation), and inputs of any other
+resolution (512, 518, 1024, 512 x 1024) resample it per forward.
 """
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -20,7 +21,7 @@ import torch
 import torch.nn as nn
 
 from mmlinvit.layers.attention import ATTENTION_OPERATORS
-from mmlinvit.layers.pos_embed import resample_pos_grid, sincos_pos_embed_2d
+from mmlinvit.layers.pos_embed import infer_square_grid, resample_pos_grid, sincos_pos_embed_2d
 from mmlinvit.layers.patch_embed import PatchEmbed
 from mmlinvit.layers.transformer import TransformerBlock
 from .arch_zoo import VIT_FAMILIES, VIT_SIZES
@@ -250,19 +251,23 @@ class VisionTransformer(nn.Module):
 
     def _adapt_pos_embed_on_load(self, state_dict: Dict[str, torch.Tensor], prefix: str,
                                  *args) -> None:
-        """Adopts the checkpoint's position grid (kept, then resampled per forward)."""
+        """Resamples a checkpoint's position grid to this model's grid at load time.
+
+        The parameter itself is never replaced (mmengine builds the optimizer and the DDP
+        wrapper before ``init_weights`` loads checkpoints), so a checkpoint learned on another
+        grid (DeiT at 224 into a 512 segmentation backbone) is resampled once, with this
+        family's interpolation, and then resampled per forward only for other input sizes.
+        """
         key = prefix + 'pos_embed'
         if self.pos_embed is None or key not in state_dict:
             return
         ckpt = state_dict[key]
         if ckpt.shape == self.pos_embed.shape or ckpt.ndim != 3 or ckpt.shape[-1] != self.embed_dims:
             return  # matching, or a mismatch load_state_dict reports with both shapes
-        from mmlinvit.layers.pos_embed import infer_square_grid
-        n_patch = ckpt.shape[1] - int(self.with_cls_token)
-        self.pos_grid = infer_square_grid(n_patch)
-        self.pos_embed = nn.Parameter(torch.empty_like(ckpt, device=self.pos_embed.device,
-                                                       dtype=self.pos_embed.dtype),
-                                      requires_grad=self.pos_embed.requires_grad)
+        start = int(self.with_cls_token)
+        src_grid = infer_square_grid(ckpt.shape[1] - start)
+        patches = resample_pos_grid(ckpt[:, start:], src_grid, self.pos_grid, self.pos_interp)
+        state_dict[key] = torch.cat([ckpt[:, :start], patches], dim=1)
 
     # ------------------------------------------------------------------ forward pieces
     def patch_pos_embed(self, hw_shape: Tuple[int, int], device, dtype) -> Optional[torch.Tensor]:

@@ -73,26 +73,27 @@ def draw_scene(rng: np.random.Generator, height: int, width: int,
     unlabelled = np.zeros((height, width), bool)
 
     for _ in range(int(rng.integers(1, max_objects + 1))):
-        kind = int(rng.choice([_BUILDING, _TREE, _MOUNTAIN, _LAKE]))
+        kind = int(rng.choice([_BUILDING, _TREE, _MOUNTAIN, _LAKE], p=[0.25, 0.35, 0.2, 0.2]))
         size = rng.uniform(0.15, 0.35) * min(height, width)
         cx = rng.uniform(0.1, 0.9) * width
         if kind == _BUILDING:
             bw, bh = size * rng.uniform(0.6, 1.2), size * rng.uniform(1.0, 2.0)
             base = horizon + rng.uniform(0, 0.15) * height
             mask = (np.abs(xx - cx) < bw / 2) & (yy < base) & (yy > base - bh)
-            colour = _jitter(rng, (110, 105, 100), 25)
+            colour = _jitter(rng, (95, 95, 125), 15)
             windows = ((xx.astype(int) // 3 % 2 == 0) & (yy.astype(int) // 4 % 2 == 0))
             texture = np.where(windows[..., None], colour * 0.55 + 100, colour)
         elif kind == _TREE:
             cy = horizon + rng.uniform(-0.1, 0.15) * height
-            mask = (xx - cx)**2 + (yy - cy)**2 < (size / 2)**2
-            colour = _jitter(rng, (40, 110, 40), 15)
-            texture = colour + rng.normal(0, 22, (height, width, 1)).astype(np.float32)
+            mask = (xx - cx)**2 + (yy - cy)**2 < (0.6 * size)**2
+            colour = _jitter(rng, (20, 75, 25), 10)
+            leaves = ((xx.astype(int) + yy.astype(int)) % 4 < 2)[..., None]
+            texture = colour + np.where(leaves, np.float32(30), np.float32(-10))
         elif kind == _MOUNTAIN:
             half = size * rng.uniform(1.0, 1.8)
             peak = horizon - size * rng.uniform(0.6, 1.2)
             mask = (yy <= horizon) & (yy >= peak + np.abs(xx - cx) * (horizon - peak) / half)
-            colour = _jitter(rng, (125, 100, 85), 15)
+            colour = _jitter(rng, (140, 95, 55), 12)
             snow = yy < peak + 0.25 * (horizon - peak)
             texture = np.where(snow[..., None], np.float32(235), colour)
         else:  # lake

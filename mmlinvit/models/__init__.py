@@ -5,3 +5,4 @@ from .operators import register_attention_operators
 register_backbones()
 register_attention_operators()
 from . import distill, losses  # noqa: F401,E402  (registers distillation models and losses)
+from . import segmentors  # noqa: F401,E402  (registers mmlinvit.EncoderDecoder)

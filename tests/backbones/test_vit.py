@@ -60,13 +60,16 @@ def test_dinov2_interpolation_differs_from_plain_bicubic():
     torch.testing.assert_close(a.patch_pos_embed((4, 4), 'cpu', torch.float32), a.pos_embed[:, 1:])
 
 
-def test_checkpoint_grid_is_adopted_on_load():
+def test_checkpoint_grid_is_resampled_on_load_keeping_the_parameter():
+    from mmlinvit.layers.pos_embed import resample_pos_grid
     src = VisionTransformer(TINY, family='dinov2', img_size=14 * 5)
     dst = VisionTransformer(TINY, family='dinov2', img_size=14 * 3)
+    param = dst.pos_embed
     dst.load_state_dict(src.state_dict())
-    assert dst.pos_grid == (5, 5)
-    x = torch.randn(1, 3, 42, 56)
-    torch.testing.assert_close(dst.eval().forward_tokens(x)[0], src.eval().forward_tokens(x)[0])
+    assert dst.pos_embed is param and dst.pos_grid == (3, 3)
+    expected = resample_pos_grid(src.pos_embed[:, 1:], (5, 5), (3, 3), 'dinov2')
+    torch.testing.assert_close(dst.pos_embed[:, 1:], expected)
+    torch.testing.assert_close(dst.pos_embed[:, :1], src.pos_embed[:, :1])
 
 
 def test_hook_points_record_block_input_and_attention_output():

@@ -130,11 +130,14 @@ def test_student_operator_extras_may_be_missing_in_strict_mode():
         load_pretrained(student, partial)
 
 
-def test_other_grid_is_adopted_but_non_square_count_is_not():
+def test_other_grid_is_resampled_but_non_square_count_is_not():
+    from mmlinvit.layers.pos_embed import resample_pos_grid
     ckpt = dinov2_hub_checkpoint()  # 4 x 4 grid (56 / 14)
     model = VisionTransformer(arch=tiny_arch(), family='dinov2', img_size=98, num_reg_tokens=4)
     load_pretrained(model, ckpt)
-    assert model.pos_grid == (4, 4) and torch.equal(model.pos_embed, ckpt['pos_embed'])
+    assert model.pos_grid == (7, 7)
+    expected = resample_pos_grid(ckpt['pos_embed'][:, 1:], (4, 4), (7, 7), 'dinov2')
+    assert torch.allclose(model.pos_embed[:, 1:], expected)
     bad = dict(ckpt, pos_embed=torch.zeros(1, 1 + 15, 96))
     fresh = VisionTransformer(arch=tiny_arch(), family='dinov2', img_size=98, num_reg_tokens=4)
     before = snapshot(fresh)

@@ -241,8 +241,8 @@ def _hub_interpolate(pos_embed: torch.Tensor, h: int, w: int) -> torch.Tensor:
 def test_dinov2_default_interpolation_is_the_hub_formula(hw):
     ref = _build_timm('vit_small_patch14_dinov2', dict(img_size=98, depth=1))
     hub = timm_to_dinov2_hub(ref.state_dict())
-    ours = VisionTransformer(arch=dict(two_layer_arch(), num_layers=1), family='dinov2', img_size=224)
-    load_pretrained(ours, hub)  # adopts the checkpoint's 7 x 7 grid
+    ours = VisionTransformer(arch=dict(two_layer_arch(), num_layers=1), family='dinov2', img_size=98)
+    load_pretrained(ours, hub)  # the checkpoint's 7 x 7 grid
     assert ours.pos_grid == (7, 7) and ours.pos_interp == 'dinov2'
     got = ours.patch_pos_embed(hw, None, torch.float32)
     expected = _hub_interpolate(hub['pos_embed'], *hw)

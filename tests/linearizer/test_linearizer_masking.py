@@ -206,3 +206,45 @@ def test_wrong_student_token_layout_would_leak_masked_tokens(batch):
     act_p, _ = losses(wrong, x)
     undo()
     assert abs(act_p.item() - act.item()) > 1e-4
+
+
+def test_student_mask_token_needs_one_in_the_student():
+    from mmlinvit.models.distill import DistillationConfigError
+    cfg = Config.fromfile(config_path(DISTILL_CONFIG)).model
+    student = dict(cfg.student, arch=student_arch(), img_size=IMG_SIZE, patch_size=PATCH,
+                   with_mask_token=False)
+    with pytest.raises(DistillationConfigError, match='with_mask_token=True'):
+        build_model(student=student)
+    with pytest.raises(DistillationConfigError, match="unknown keys \\['token'\\]"):
+        build_model(patch_masking=dict(ratio=0.75, token='student'))
+
+
+@pytest.mark.parametrize('rel', [
+    'linearizer/adventurer-b_in1k-224_finetune.py',
+    'linearizer/upernet_adventurer-b_8xb2-160k_ade20k-512x512.py',
+    'linearizer/upernet_adventurer-b_8xb2-80k_cityscapes-512x1024.py',
+])
+def test_missing_distilled_student_names_the_distillation_config(rel):
+    from mmlinvit.engine.preflight import MissingInputsError, check_inputs
+    cfg = Config.fromfile(config_path(rel))
+    with pytest.raises(MissingInputsError, match='adventurer-b_linearizer_clip-b16_in1k-224.py'):
+        check_inputs(cfg)
+
+
+@pytest.mark.parametrize('family', ['deit3', 'mae'])
+def test_other_teacher_layouts(family, batch, tmp_path):
+    """DeiT-III / MAE teachers (their checkpoints through pretrained=) work unchanged."""
+    from mmlinvit.backbones import VisionTransformer
+    torch.manual_seed(1)
+    teacher = VisionTransformer(arch=dict(TEACHER_ARCH), family=family, patch_size=PATCH,
+                                img_size=IMG_SIZE)
+    path = str(tmp_path / f'{family}.pth')
+    torch.save({'model': teacher.state_dict()}, path)
+    cfg = Config.fromfile(config_path(DISTILL_CONFIG)).model
+    model = build_model(teacher=dict(cfg.teacher, family=family, arch=dict(TEACHER_ARCH),
+                                     img_size=IMG_SIZE, patch_size=PATCH, pretrained=path))
+    for key, value in teacher.state_dict().items():
+        assert torch.equal(model.teacher.state_dict()[key], value), key
+    assert model.token_layouts['teacher'] == (1, 0)
+    act, mask_loss = losses(model, batch[0])
+    assert act.item() > 0 and mask_loss.item() > 0

@@ -4,17 +4,28 @@ import pytest
 
 @pytest.fixture(scope='session')
 def ade_root(tmp_path_factory) -> str:
-    """A generated ADE20K layout (8 train / 2 val scenes, 64 x 64)."""
+    """A generated ADE20K layout (8 train / 2 val scenes, 64 x 96: wider than the tiny
+    sliding window, so inference pastes several windows)."""
     from mmlinvit.datasets import make_ade20k_layout
     root = str(tmp_path_factory.mktemp('data') / 'ade' / 'ADEChallengeData2016')
-    make_ade20k_layout(root, num_train=8, num_val=2, size=(64, 64), seed=0)
+    make_ade20k_layout(root, num_train=8, num_val=2, size=(64, 96), seed=0)
     return root
 
 
 @pytest.fixture(scope='session')
 def city_root(tmp_path_factory) -> str:
-    """A generated Cityscapes layout (4 train / 2 val scenes, 64 x 128)."""
+    """A generated Cityscapes layout (4 train / 2 val scenes, 64 x 192)."""
     from mmlinvit.datasets import make_cityscapes_layout
     root = str(tmp_path_factory.mktemp('data') / 'cityscapes')
-    make_cityscapes_layout(root, num_train=4, num_val=2, size=(64, 128), seed=0)
+    make_cityscapes_layout(root, num_train=4, num_val=2, size=(64, 192), seed=0)
     return root
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models run fastest on one thread, above all on a busy 2-core machine."""
+    import torch
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

@@ -24,7 +24,7 @@ def _segmentation_configs():
             continue
         model = cfg.model['student'] if cfg.model['type'] == 'mmlinvit.DistillationModel' \
             else cfg.model
-        if model['type'] == 'EncoderDecoder':
+        if model['type'] in ('EncoderDecoder', 'mmlinvit.EncoderDecoder'):
             found.append(rel)
     return found
 

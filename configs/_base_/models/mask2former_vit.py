@@ -15,7 +15,9 @@ data_preprocessor = dict(
     test_cfg=dict(size_divisor=32))
 embed_dims = 768
 model = dict(
-    type='EncoderDecoder',
+    # mmseg's EncoderDecoder plus correct window metas, so sliding-window inference works
+    # with Mask2FormerHead on padded test images (see mmlinvit/models/segmentors.py).
+    type='mmlinvit.EncoderDecoder',
     data_preprocessor=data_preprocessor,
     backbone=dict(
         type='mmlinvit.VisionTransformer',
