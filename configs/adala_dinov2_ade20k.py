@@ -7,14 +7,9 @@
 #            (attention alignment, teacher forcing; COCO images; from DINOv2-L)
 #   Stage 2  python tools/train.py configs/adala/vit-adala_stage2_feat-align_dinov2-l_in22k-512.py
 #            (feature alignment; ImageNet-22K images; load_from = Stage 1)
-#   export   python tools/model_converters/convert_checkpoint.py \
-#                work_dirs/vit-adala_stage2_feat-align_dinov2-l_in22k-512/epoch_10.pth \
-#                work_dirs/vit-adala_stage2_feat-align_dinov2-l_in22k-512/student_backbone.pth \
-#                --trust-checkpoint
-#            (keeps the student's backbone weights, keys 'student.*', as plain tensors: runner
-#            checkpoints also hold pickled training state that the safe loader refuses)
+#            (writes student_backbone.pth, the student's weights only, via ExportStudentHook)
 #   Stage 3  python tools/train.py configs/adala_dinov2_ade20k.py          (this file)
-# Multi-GPU: bash tools/dist_train.sh CONFIG 8 for the training stages.  Stage 3 starts from
+# Multi-GPU: bash tools/dist_train.sh CONFIG 8 for each stage.  Stage 3 starts from
 # `stage2_checkpoint` below; a missing file stops tools/train.py before anything is built.
 #
 # Crops are 518 x 518 (37 x 37 patches of 14 px, DINOv2's native grid) instead of the
@@ -33,15 +28,12 @@ _base_ = [
 stage2_checkpoint = 'work_dirs/vit-adala_stage2_feat-align_dinov2-l_in22k-512/student_backbone.pth'
 missing_path_hints = {
     'model.backbone.pretrained':
-    'This is the ViT-AdaLA Stage-2 student backbone. Produce it with Stage 1, Stage 2 and an '
-    'export of the student weights: python tools/train.py '
+    'This is the ViT-AdaLA Stage-2 student backbone, written by Stage 2 (ExportStudentHook). '
+    'Produce it with python tools/train.py '
     'configs/adala/vit-adala_stage1_attn-align_dinov2-l_coco-512.py && python tools/train.py '
-    'configs/adala/vit-adala_stage2_feat-align_dinov2-l_in22k-512.py && python '
-    'tools/model_converters/convert_checkpoint.py '
-    'work_dirs/vit-adala_stage2_feat-align_dinov2-l_in22k-512/epoch_10.pth '
-    'work_dirs/vit-adala_stage2_feat-align_dinov2-l_in22k-512/student_backbone.pth '
-    '--trust-checkpoint ; or pass an existing one with --cfg-options '
-    'model.backbone.pretrained=PATH.',
+    'configs/adala/vit-adala_stage2_feat-align_dinov2-l_in22k-512.py, or pass an existing one '
+    'with --cfg-options model.backbone.pretrained=PATH (a Stage-2 runner checkpoint also loads '
+    'once re-saved with tools/model_converters/export_student.py).',
 }
 crop_size = (518, 518)
 num_classes = 150

@@ -46,8 +46,8 @@ STAGE2_CFG = osp.join(REPO, 'configs/adala/vit-adala_stage2_feat-align_dinov2-l_
 
 #: Lengths of every step (full demo / --quick).
 PLANS = {
-    'full': dict(num_train=160, num_val=40, teacher_iters=300, stage1_epochs=4,
-                 stage2_epochs=6, student_iters=300, distill_batch=16, timing=True),
+    'full': dict(num_train=160, num_val=40, teacher_iters=200, stage1_epochs=4,
+                 stage2_epochs=6, student_iters=200, distill_batch=16, timing=True),
     'quick': dict(num_train=16, num_val=4, teacher_iters=6, stage1_epochs=1,
                   stage2_epochs=1, student_iters=4, distill_batch=8, timing=False),
 }
@@ -91,15 +91,16 @@ def _last_checkpoint(work_dir: str) -> str:
 
 
 def export_backbone(runner_checkpoint: str, out_file: str) -> str:
-    """Keeps a runner checkpoint's backbone weights as plain tensors (the documented step
-    ``tools/model_converters/convert_checkpoint.py SRC DST --trust-checkpoint``).
+    """Keeps the teacher segmentor's backbone weights as plain tensors, as
+    ``tools/model_converters/convert_checkpoint.py SRC DST --trust-checkpoint`` does.
 
     Runner checkpoints also pickle training state (message hub, optimizer), which
-    ``pretrained=`` refuses to unpickle; the backbone keys (``backbone.*`` of a segmentor,
-    ``student.*`` of a distillation model) are selected by :mod:`mmlinvit.converters`.
+    ``pretrained=`` refuses to unpickle; :mod:`mmlinvit.converters` selects the
+    ``backbone.*`` keys.
     """
     spec = importlib.util.spec_from_file_location(
-        'mmlinvit_convert_checkpoint', osp.join(REPO, 'tools/model_converters/convert_checkpoint.py'))
+        'mmlinvit_convert_checkpoint',
+        osp.join(REPO, 'tools/model_converters/convert_checkpoint.py'))
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
     with contextlib.redirect_stdout(io.StringIO()) as report:
@@ -189,8 +190,11 @@ def run_adala(plan: dict, data_root: str, work_dir: str, teacher_cfg: Config,
     cfg2.load_from = stage1_ckpt
     _finish_config(cfg2, STAGE2_CFG, osp.join(work_dir, 'stage2'), 'stage2', seed)
     _train(cfg2)
-    stage2_backbone = export_backbone(_last_checkpoint(cfg2.work_dir),
-                                      osp.join(cfg2.work_dir, 'student_backbone.pth'))
+    # The Stage-2 config's ExportStudentHook writes the student backbone next to checkpoints.
+    stage2_backbone = osp.join(cfg2.work_dir, 'student_backbone.pth')
+    if not osp.isfile(stage2_backbone):
+        raise FileNotFoundError(f'Stage 2 did not write {stage2_backbone} (is ExportStudentHook '
+                                f'in custom_hooks of {STAGE2_CFG}?)')
     return stage1_ckpt, stage2_backbone
 
 

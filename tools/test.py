@@ -5,7 +5,8 @@ Same flags as mmseg's ``tools/test.py``; the config's ``default_scope`` picks th
 Examples::
 
     python tools/test.py configs/adala_dinov2_ade20k.py work_dirs/x/iter_160000.pth
-    python tools/test.py CONFIG CKPT --show-dir work_dirs/x/vis --cfg-options model.test_cfg.mode=slide
+    python tools/test.py CONFIG CKPT --show-dir work_dirs/x/vis
+    python tools/test.py CONFIG CKPT --cfg-options model.test_cfg.mode=slide
     bash tools/dist_test.sh CONFIG CKPT 8
 """
 import argparse

@@ -8,7 +8,7 @@ model = dict(
         type='mmlinvit.LinearVisionTransformer',
         attn_cfg='elu',
         pretrained='work_dirs/demo/stage2/student_backbone.pth'))
-max_iters = 300
+max_iters = 200
 optim_wrapper = dict(
     optimizer=dict(lr=2e-3),
     constructor='mmlinvit.LayerDecayOptimWrapperConstructor',

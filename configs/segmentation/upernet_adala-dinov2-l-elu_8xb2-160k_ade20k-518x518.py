@@ -8,15 +8,12 @@ _base_ = [
 stage2_checkpoint = 'work_dirs/vit-adala_stage2_feat-align_dinov2-l_in22k-512/student_backbone.pth'
 missing_path_hints = {
     'model.backbone.pretrained':
-    'This is the ViT-AdaLA Stage-2 student backbone. Produce it with Stage 1, Stage 2 and an '
-    'export of the student weights: python tools/train.py '
+    'This is the ViT-AdaLA Stage-2 student backbone, written by Stage 2 (ExportStudentHook). '
+    'Produce it with python tools/train.py '
     'configs/adala/vit-adala_stage1_attn-align_dinov2-l_coco-512.py && python tools/train.py '
-    'configs/adala/vit-adala_stage2_feat-align_dinov2-l_in22k-512.py && python '
-    'tools/model_converters/convert_checkpoint.py '
-    'work_dirs/vit-adala_stage2_feat-align_dinov2-l_in22k-512/epoch_10.pth '
-    'work_dirs/vit-adala_stage2_feat-align_dinov2-l_in22k-512/student_backbone.pth '
-    '--trust-checkpoint ; or pass an existing one with --cfg-options '
-    'model.backbone.pretrained=PATH.',
+    'configs/adala/vit-adala_stage2_feat-align_dinov2-l_in22k-512.py, or pass an existing one '
+    'with --cfg-options model.backbone.pretrained=PATH (a Stage-2 runner checkpoint also loads '
+    'once re-saved with tools/model_converters/export_student.py).',
 }
 crop_size = (518, 518)
 embed_dims = 1024

@@ -261,7 +261,8 @@ def init_cpu_distributed(launcher: str) -> None:
     import torch.distributed as dist
     if dist.is_initialized():
         return
-    missing = [k for k in ('RANK', 'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT') if k not in os.environ]
+    required = ('RANK', 'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT')
+    missing = [k for k in required if k not in os.environ]
     if missing:
         raise RuntimeError(f'--launcher pytorch needs {missing} in the environment; start it '
                            f'with tools/dist_train.sh (torchrun)')

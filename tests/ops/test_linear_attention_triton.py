@@ -2,73 +2,46 @@
 
 With a GPU the compiled kernels are tested on CUDA tensors.  Without one they run in the
 Triton CPU interpreter, which needs ``TRITON_INTERPRET=1`` in the environment *before triton is
-imported* and while the kernels run (triton decorates its own library at import).  This module
-sets it when triton is not imported yet; when something else (e.g. timm -> torch._dynamo)
-already imported triton without it, the kernel tests are re-run in a fresh interpreter
-subprocess by :func:`test_kernels_in_interpreter_subprocess`.  Sizes are tiny (B=1, H<=2).
+imported* and while the kernels run (triton decorates its own library at import).
+:mod:`triton_testing` sets it when triton is not imported yet; when something else (e.g. timm ->
+torch._dynamo) already imported triton without it, the kernel tests are re-run in a fresh
+interpreter subprocess by :func:`test_kernels_in_interpreter_subprocess`.  Sizes are tiny (B=1,
+H<=2).
 """
-import importlib
-import importlib.util
-import logging
-import os
-import re
-import subprocess
-import sys
-from pathlib import Path
 from types import ModuleType
-from typing import List, Tuple
+from typing import Tuple
 
 import pytest
 import torch
+# Imported before mmlinvit: it switches the Triton interpreter on while triton is not imported.
+from triton_testing import (allow_interpreter_dispatch, collect_backend_log, import_kernels,
+                            only_in_parent, requires_triton, run_here,
+                            run_in_interpreter_subprocess)
 
-_HAS_TRITON = importlib.util.find_spec('triton') is not None
-_ON_GPU = torch.cuda.is_available()
-if _HAS_TRITON and not _ON_GPU and 'triton' not in sys.modules:
-    os.environ['TRITON_INTERPRET'] = '1'
-_RUN_HERE = _HAS_TRITON and (_ON_GPU or os.environ.get('TRITON_INTERPRET') == '1')
-
-from mmlinvit.ops.feature_maps import get_feature_map  # noqa: E402
-from mmlinvit.ops.linear_attention import (BACKEND_ENV_VAR, inline_attention,  # noqa: E402
+from mmlinvit.ops.feature_maps import get_feature_map
+from mmlinvit.ops.linear_attention import (BACKEND_ENV_VAR, inline_attention,
                                            inline_attention_torch, linear_attention,
                                            linear_attention_torch, select_backend)
-from mmlinvit.ops.linear_attention import dispatch  # noqa: E402
+from mmlinvit.ops.linear_attention import dispatch
 
-pytestmark = pytest.mark.skipif(not _HAS_TRITON, reason='triton is not installed')
-run_here = pytest.mark.skipif(
-    not _RUN_HERE, reason='triton was imported without TRITON_INTERPRET=1 and there is no GPU; '
-    'covered by test_kernels_in_interpreter_subprocess')
+pytestmark = requires_triton
 
 
-@pytest.mark.skipif(_RUN_HERE, reason='kernel tests run in this process')
+@only_in_parent
 def test_kernels_in_interpreter_subprocess():
-    env = dict(os.environ, TRITON_INTERPRET='1')
-    root = Path(__file__).resolve().parents[2]
-    env['PYTHONPATH'] = os.pathsep.join(filter(None, [str(root), env.get('PYTHONPATH')]))
-    proc = subprocess.run(
-        [sys.executable, '-m', 'pytest', str(Path(__file__).resolve()), '-q', '-x',
-         '-p', 'no:cacheprovider'], cwd=root, env=env, capture_output=True, text=True,
-        timeout=600)
-    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
-    summary = proc.stdout.strip().splitlines()[-1]
-    skipped = re.search(r'(\d+) skipped', summary)
-    # Only this launcher itself may be skipped in the child.
-    assert ' passed' in summary and (skipped is None or skipped.group(1) == '1'), summary
+    run_in_interpreter_subprocess(__file__)
 
 
 @pytest.fixture(scope='module')
 def kernels() -> Tuple[ModuleType, torch.device]:
     """The fused module and the device its kernels run on (CPU = interpreter)."""
-    fused = importlib.import_module('mmlinvit.ops.linear_attention.fused')
-    return fused, torch.device('cpu' if fused.INTERPRETED else 'cuda')
+    return import_kernels('mmlinvit.ops.linear_attention.fused')
 
 
 @pytest.fixture
 def interpreter_env(monkeypatch, kernels):
     """Lets dispatch force 'triton' on CPU tensors when the kernels are interpreted."""
-    fused, device = kernels
-    if fused.INTERPRETED:
-        monkeypatch.setenv('TRITON_INTERPRET', '1')
-    return device
+    return allow_interpreter_dispatch(monkeypatch, kernels)
 
 
 def _qkv(n: int, m: int, d: int, e: int, device: torch.device, heads: int = 2,
@@ -201,25 +174,10 @@ def test_kernel_rejects_unsupported_inputs(kernels):
 # ------------------------------------------------------------------------------------------
 
 
-class _Collect(logging.Handler):
-
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.messages: List[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-
 @run_here
 def test_dispatch_env_switch_and_log_once(monkeypatch, interpreter_env):
     device = interpreter_env
-    monkeypatch.setattr(dispatch, '_logged_choices', set())
-    log = logging.getLogger('mmlinvit')
-    handler, old_level = _Collect(), log.level
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
-    try:
+    with collect_backend_log(monkeypatch, dispatch) as messages:
         q, k, v = _qkv(40, 40, 16, 16, device, heads=1)
         monkeypatch.setenv(BACKEND_ENV_VAR, 'triton')
         outs = [linear_attention(q, k, v, 'relu') for _ in range(2)]
@@ -228,14 +186,11 @@ def test_dispatch_env_switch_and_log_once(monkeypatch, interpreter_env):
         monkeypatch.delenv(BACKEND_ENV_VAR)
         expected_auto = 'triton' if device.type == 'cuda' else 'torch'
         assert select_backend(q, k, v) == expected_auto
-    finally:
-        log.removeHandler(handler)
-        log.setLevel(old_level)
     for out in outs:
         torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)
-    triton_logs = [m for m in handler.messages if 'triton (forced)' in m]
-    assert len(triton_logs) == 1, handler.messages
-    assert sum('torch (forced)' in m for m in handler.messages) == 1, handler.messages
+    triton_logs = [m for m in messages if 'triton (forced)' in m]
+    assert len(triton_logs) == 1, messages
+    assert sum('torch (forced)' in m for m in messages) == 1, messages
 
 
 @run_here

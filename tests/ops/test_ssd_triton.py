@@ -2,77 +2,50 @@
 
 With a GPU the compiled kernels are tested on CUDA tensors.  Without one they run in the
 Triton CPU interpreter, which needs ``TRITON_INTERPRET=1`` in the environment *before triton is
-imported* and while the kernels run.  ``tests/conftest.py`` (and this module, when triton is not
-imported yet) set it; when something else already imported triton without it, the kernel tests
-are re-run in a fresh interpreter subprocess by :func:`test_kernels_in_interpreter_subprocess`.
+imported* and while the kernels run.  ``tests/conftest.py`` (and :mod:`triton_testing`, when
+triton is not imported yet) set it; when something else already imported triton without it, the
+kernel tests are re-run in a fresh interpreter subprocess by
+:func:`test_kernels_in_interpreter_subprocess`.
 
 References are the chunked PyTorch scan in fp64 on the same (rounded) inputs, i.e. the exact
 algebra, so the bounds measure the kernels' own error.  Sizes are tiny (B <= 2, H <= 4).
 """
-import importlib
-import importlib.util
-import logging
-import os
-import re
-import subprocess
-import sys
-from pathlib import Path
 from types import ModuleType
 from typing import List, Optional, Sequence, Tuple
 
 import pytest
 import torch
 import torch.nn.functional as F
+# Imported before mmlinvit: it switches the Triton interpreter on while triton is not imported.
+from triton_testing import (allow_interpreter_dispatch, collect_backend_log, import_kernels,
+                            only_in_parent, requires_triton, run_here,
+                            run_in_interpreter_subprocess)
 
-_HAS_TRITON = importlib.util.find_spec('triton') is not None
-_ON_GPU = torch.cuda.is_available()
-if _HAS_TRITON and not _ON_GPU and 'triton' not in sys.modules:
-    os.environ['TRITON_INTERPRET'] = '1'
-_RUN_HERE = _HAS_TRITON and (_ON_GPU or os.environ.get('TRITON_INTERPRET') == '1')
-
-from mmlinvit.layers.mamba2 import Mamba2Mixer  # noqa: E402
-from mmlinvit.ops.ssd import (SSD_BACKEND_ENV_VAR, select_ssd_backend, ssd_scan,  # noqa: E402
+from mmlinvit.layers.mamba2 import Mamba2Mixer
+from mmlinvit.ops.ssd import (SSD_BACKEND_ENV_VAR, select_ssd_backend, ssd_scan,
                               ssd_scan_chunked, ssd_scan_naive)
-from mmlinvit.ops.ssd import dispatch  # noqa: E402
+from mmlinvit.ops.ssd import dispatch
 
-pytestmark = pytest.mark.skipif(not _HAS_TRITON, reason='triton is not installed')
-run_here = pytest.mark.skipif(
-    not _RUN_HERE, reason='triton was imported without TRITON_INTERPRET=1 and there is no GPU; '
-    'covered by test_kernels_in_interpreter_subprocess')
+pytestmark = requires_triton
 
 NAMES = ('x', 'dt', 'A', 'B', 'C', 'D')
 
 
-@pytest.mark.skipif(_RUN_HERE, reason='kernel tests run in this process')
+@only_in_parent
 def test_kernels_in_interpreter_subprocess():
-    env = dict(os.environ, TRITON_INTERPRET='1')
-    root = Path(__file__).resolve().parents[2]
-    env['PYTHONPATH'] = os.pathsep.join(filter(None, [str(root), env.get('PYTHONPATH')]))
-    proc = subprocess.run(
-        [sys.executable, '-m', 'pytest', str(Path(__file__).resolve()), '-q', '-x',
-         '-p', 'no:cacheprovider'], cwd=root, env=env, capture_output=True, text=True,
-        timeout=600)
-    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
-    summary = proc.stdout.strip().splitlines()[-1]
-    skipped = re.search(r'(\d+) skipped', summary)
-    # Only this launcher itself may be skipped in the child.
-    assert ' passed' in summary and (skipped is None or skipped.group(1) == '1'), summary
+    run_in_interpreter_subprocess(__file__)
 
 
 @pytest.fixture(scope='module')
 def kernels() -> Tuple[ModuleType, torch.device]:
     """The kernel module and the device its kernels run on (CPU = interpreter)."""
-    module = importlib.import_module('mmlinvit.ops.ssd.triton_kernel')
-    return module, torch.device('cpu' if module.INTERPRETED else 'cuda')
+    return import_kernels('mmlinvit.ops.ssd.triton_kernel')
 
 
 @pytest.fixture
 def interpreter_env(monkeypatch, kernels) -> torch.device:
     """Lets dispatch force 'triton' on CPU tensors when the kernels are interpreted."""
-    module, device = kernels
-    if module.INTERPRETED:
-        monkeypatch.setenv('TRITON_INTERPRET', '1')
-    return device
+    return allow_interpreter_dispatch(monkeypatch, kernels)
 
 
 def make_inputs(batch: int, length: int, heads: int, headdim: int, groups: int, d_state: int,
@@ -252,26 +225,11 @@ def test_kernel_rejects_unsupported_inputs(kernels):
 # ------------------------------------------------------------------------------------------
 
 
-class _Collect(logging.Handler):
-
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.messages: List[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-
 @run_here
 def test_dispatch_env_switch_and_log_once(monkeypatch, interpreter_env):
     device = interpreter_env
-    monkeypatch.setattr(dispatch, '_logged_choices', set())
-    log = logging.getLogger('mmlinvit')
-    handler, old_level = _Collect(), log.level
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
     args = [t.float().to(device) for t in make_inputs(1, 30, 2, 8, 1, 16)]
-    try:
+    with collect_backend_log(monkeypatch, dispatch) as messages:
         monkeypatch.setenv(SSD_BACKEND_ENV_VAR, 'triton')
         outs = [ssd_scan(*args, chunk_size=16) for _ in range(2)]
         monkeypatch.setenv(SSD_BACKEND_ENV_VAR, 'torch')
@@ -286,14 +244,11 @@ def test_dispatch_env_switch_and_log_once(monkeypatch, interpreter_env):
         monkeypatch.setenv(SSD_BACKEND_ENV_VAR, 'cuda')
         with pytest.raises(KeyError, match='available'):
             ssd_scan(*args)
-    finally:
-        log.removeHandler(handler)
-        log.setLevel(old_level)
     for out in outs + [forced]:
         torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
-    assert sum('triton (forced)' in m for m in handler.messages) == 1, handler.messages
-    assert sum('torch (forced)' in m for m in handler.messages) == 1, handler.messages
-    assert sum('auto' in m for m in handler.messages) == 1, handler.messages
+    assert sum('triton (forced)' in m for m in messages) == 1, messages
+    assert sum('torch (forced)' in m for m in messages) == 1, messages
+    assert sum('auto' in m for m in messages) == 1, messages
 
 
 @run_here

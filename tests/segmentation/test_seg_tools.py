@@ -63,7 +63,8 @@ def test_missing_data_root_and_checkpoint_stop_before_training(tmp_path):
     message = str(exc.value)
     assert missing_root in message
     assert 'ADEChallengeData2016.zip' in message  # how to get the data
-    assert 'vit-adala_stage2_feat-align_dinov2-l_in22k-512/student_backbone.pth' in message  # the Stage-2 checkpoint
+    # The Stage-2 checkpoint and how to produce it.
+    assert 'vit-adala_stage2_feat-align_dinov2-l_in22k-512/student_backbone.pth' in message
     assert 'Stage 1' in message and 'Stage 2' in message  # how to produce it
     assert not work_dir.exists()  # nothing was built
 
@@ -153,7 +154,7 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_dist_train_two_processes_gloo(tmp_path, ade_root):
+def test_dist_train_and_test_two_processes_gloo(tmp_path, ade_root):
     work_dir = str(tmp_path / 'wd')
     cfg = tiny_config(UPERNET, ade_root, work_dir)
     cfg.train_cfg.update(max_iters=2, val_interval=2)
@@ -172,3 +173,11 @@ def test_dist_train_two_processes_gloo(tmp_path, ade_root):
     assert 'Distributed training: True' in log
     assert re.search(r'(GPU number|world_size)\W+2', log)
     assert 'mIoU' in log  # distributed validation gathered the results
+
+    env['PORT'] = str(_free_port())
+    proc = subprocess.run(
+        ['bash', osp.join(REPO, 'tools', 'dist_test.sh'), cfg_file,
+         osp.join(work_dir, 'iter_2.pth'), '2', '--work-dir', str(tmp_path / 'test_wd')],
+        env=env, cwd=str(tmp_path), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert 'mIoU' in _latest_log(str(tmp_path / 'test_wd'))

@@ -16,18 +16,15 @@ Triton availability is checked with :func:`importlib.util.find_spec`; :mod:`.fus
 imports triton) is imported only when the kernel path is actually taken.
 """
 import importlib
-import importlib.util
-import logging
-import os
 from types import ModuleType
 from typing import Optional, Set, Tuple
 
 import torch
 
 from ..feature_maps import get_feature_map
+from ..triton_utils import (backend_from_env, choose_auto_backend, log_choice_once,
+                            triton_available, triton_interpreter_enabled)
 from .torch_impl import inline_attention_torch, linear_attention_torch
-
-logger = logging.getLogger('mmlinvit')
 
 #: Environment variable that forces a backend for every call without ``backend=``.
 BACKEND_ENV_VAR = 'MMLINVIT_LINEAR_ATTN_BACKEND'
@@ -42,21 +39,8 @@ _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _logged_choices: Set[Tuple[str, str]] = set()
 
 
-def triton_available() -> bool:
-    """Whether the ``triton`` package is installed (checked without importing it)."""
-    return importlib.util.find_spec('triton') is not None
-
-
-def triton_interpreter_enabled() -> bool:
-    """Whether ``TRITON_INTERPRET=1`` is set (Triton kernels then run on CPU tensors)."""
-    return os.environ.get('TRITON_INTERPRET', '0').strip().lower() in ('1', 'true', 'on', 'yes')
-
-
 def _log_choice_once(backend: str, reason: str) -> None:
-    key = (backend, reason)
-    if key not in _logged_choices:
-        _logged_choices.add(key)
-        logger.info('linear attention backend: %s (%s)', backend, reason)
+    log_choice_once(_logged_choices, 'linear attention', backend, reason)
 
 
 def _requested_backend(backend: Optional[str]) -> str:
@@ -66,9 +50,7 @@ def _requested_backend(backend: Optional[str]) -> str:
             raise ValueError(f'Unknown linear attention backend {backend!r}; available: '
                              f'{list(_ENV_CHOICES)} (or None)')
         return backend
-    env = os.environ.get(BACKEND_ENV_VAR, '').strip().lower()
-    if env == '':
-        return 'auto'
+    env = backend_from_env(BACKEND_ENV_VAR)
     if env not in _ENV_CHOICES:
         raise ValueError(f'{BACKEND_ENV_VAR}={env!r} is not a backend; use one of '
                          f'{list(_ENV_CHOICES)}')
@@ -126,19 +108,8 @@ def select_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                              f'{reason}; use backend "torch"')
         _log_choice_once('triton', 'forced')
         return 'triton'
-    # auto
-    if q.device.type != 'cuda':
-        _log_choice_once('torch', f'auto: {q.device.type} tensors')
-        return 'torch'
-    if not triton_available():
-        _log_choice_once('torch', 'auto: triton is not installed')
-        return 'torch'
-    reason = _kernel_unsupported_reason(q, k, v)
-    if reason is not None:
-        _log_choice_once('torch', f'auto: {reason}')
-        return 'torch'
-    _log_choice_once('triton', 'auto: CUDA tensors and triton installed')
-    return 'triton'
+    return choose_auto_backend(q.device, triton_available,
+                               lambda: _kernel_unsupported_reason(q, k, v), _log_choice_once)
 
 
 def _fused_module() -> ModuleType:

@@ -29,37 +29,18 @@ CPU interpreter (CPU tensors) when ``TRITON_INTERPRET=1`` was set before triton 
 imported in the process and is still set at launch (triton decorates its own library at import
 and this module's kernels at this module's import); otherwise they need CUDA tensors.
 """
-import contextlib
 import math
-import os
-from typing import ContextManager, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 import triton
 import triton.language as tl
 
-
-def _interpreter_active() -> bool:
-    """Whether ``@triton.jit`` currently decorates for the CPU interpreter."""
-    knobs = getattr(triton, 'knobs', None)  # triton >= 3.4; older versions read the env var
-    if knobs is not None:
-        return bool(knobs.runtime.interpret)
-    return os.environ.get('TRITON_INTERPRET', '0').strip().lower() in ('1', 'true', 'on', 'yes')
-
+from ..triton_utils import (check_kernel_device, device_guard, dot_precision,
+                            interpreter_active)
 
 #: True when the kernels below were decorated under TRITON_INTERPRET=1 (CPU tensors).
-INTERPRETED: bool = _interpreter_active()
-
-
-def _interpreter_usable() -> Optional[str]:
-    """None when interpreted kernels can run now, else what is wrong and how to fix it."""
-    from triton.runtime.interpreter import InterpretedFunction
-    if not isinstance(tl.standard.sum, InterpretedFunction):
-        return ('triton was imported before TRITON_INTERPRET=1 was set (e.g. timm imports '
-                'torch._dynamo, which imports triton); set it before anything imports triton')
-    if not _interpreter_active():
-        return 'TRITON_INTERPRET=1 was unset after the kernels were imported; keep it set'
-    return None
+INTERPRETED: bool = interpreter_active()
 
 #: Largest supported head dim (d of q/k and e of v).
 MAX_HEAD_DIM = 128
@@ -353,15 +334,6 @@ class _LaunchConfig:
                     PRECISION=self.precision, BLOCK_D=self.block_d, BLOCK_E=self.block_e)
 
 
-def _dot_precision(*tensors: torch.Tensor) -> str:
-    """IEEE fp32 in the interpreter and for fp32 inputs (unless torch allows TF32), else TF32."""
-    if INTERPRETED:
-        return 'ieee'
-    if any(t.dtype == torch.float32 for t in tensors):
-        return 'tf32' if torch.backends.cuda.matmul.allow_tf32 else 'ieee'
-    return 'tf32'
-
-
 def _strides(x: torch.Tensor) -> Tuple[int, int, int, int]:
     return tuple(x.stride())  # type: ignore[return-value]
 
@@ -388,25 +360,7 @@ def _validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
                              f'{list(_SUPPORTED_DTYPES)}; use backend="torch"')
     if not (q.device == k.device == v.device):
         raise ValueError(f'q, k, v are on different devices: {q.device}, {k.device}, {v.device}')
-    if q.device.type == 'cuda':
-        if INTERPRETED:
-            raise RuntimeError('the Triton kernels were imported with TRITON_INTERPRET=1 and can '
-                               'only run on CPU tensors; unset TRITON_INTERPRET for CUDA')
-    elif not INTERPRETED:
-        raise RuntimeError(f'the Triton kernels need CUDA tensors (got {q.device}); set '
-                           'TRITON_INTERPRET=1 before triton is imported to run them on CPU in '
-                           'the interpreter, or use backend="torch"')
-    else:
-        problem = _interpreter_usable()
-        if problem is not None:
-            raise RuntimeError(f'cannot run the Triton interpreter: {problem}')
-
-
-def _device_guard(device: torch.device) -> ContextManager:
-    """Makes ``device`` current for the launches (Triton launches on the current device)."""
-    if device.type == 'cuda':
-        return torch.cuda.device(device)
-    return contextlib.nullcontext()
+    check_kernel_device(q.device, INTERPRETED, 'Triton')
 
 
 def _sum_parts(parts: torch.Tensor) -> torch.Tensor:
@@ -482,8 +436,9 @@ class _FusedLinearAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, feature: int,
                 inline: bool, eps: float, scale: float) -> torch.Tensor:
-        cfg = _LaunchConfig(q.shape[-1], v.shape[-1], q.device, _dot_precision(q, k, v))
-        with _device_guard(q.device):
+        precision = dot_precision(INTERPRETED, q, k, v)
+        cfg = _LaunchConfig(q.shape[-1], v.shape[-1], q.device, precision)
+        with device_guard(q.device):
             out, state, z, vbar = _forward(q, k, v, feature, inline, eps, scale, cfg)
         if vbar is None:
             ctx.save_for_backward(q, k, v, state, z)
@@ -497,7 +452,7 @@ class _FusedLinearAttention(torch.autograd.Function):
     def backward(ctx, grad_out: torch.Tensor):
         q, k, v, state, z, *rest = ctx.saved_tensors
         vbar = rest[0] if rest else None
-        with _device_guard(q.device):
+        with device_guard(q.device):
             dq, dk, dv = _backward(grad_out, q, k, v, state, z, vbar, ctx.feature, ctx.inline,
                                    ctx.eps, ctx.scale, ctx.cfg)
         return dq, dk, dv, None, None, None, None

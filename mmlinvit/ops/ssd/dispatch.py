@@ -23,16 +23,14 @@ imports triton) is imported only when the kernel path is actually taken.
 """
 import importlib
 import importlib.util
-import logging
-import os
 from typing import Optional, Set, Tuple
 
 import torch
 
+from ..triton_utils import (backend_from_env, choose_auto_backend, log_choice_once,
+                            triton_available, triton_interpreter_enabled)
 from .chunked import ssd_scan_chunked
 from .naive import ssd_scan_naive
-
-logger = logging.getLogger('mmlinvit')
 
 #: Module that the fused Triton implementation lives in.
 TRITON_KERNEL_MODULE = 'mmlinvit.ops.ssd.triton_kernel'
@@ -51,19 +49,11 @@ _logged_choices: Set[Tuple[str, str]] = set()
 
 def triton_kernel_available() -> bool:
     """Whether triton and :data:`TRITON_KERNEL_MODULE` are installed (nothing imported)."""
-    return (importlib.util.find_spec('triton') is not None
-            and importlib.util.find_spec(TRITON_KERNEL_MODULE) is not None)
-
-
-def _triton_interpreter_enabled() -> bool:
-    return os.environ.get('TRITON_INTERPRET', '0').strip().lower() in ('1', 'true', 'on', 'yes')
+    return triton_available() and importlib.util.find_spec(TRITON_KERNEL_MODULE) is not None
 
 
 def _log_choice_once(backend: str, reason: str) -> None:
-    key = (backend, reason)
-    if key not in _logged_choices:
-        _logged_choices.add(key)
-        logger.info('SSD scan backend: %s (%s)', backend, reason)
+    log_choice_once(_logged_choices, 'SSD scan', backend, reason)
 
 
 def _requested_backend(backend: Optional[str]) -> str:
@@ -73,9 +63,7 @@ def _requested_backend(backend: Optional[str]) -> str:
             raise KeyError(f'Unknown ssd_scan backend {backend!r}; available: '
                            f"{('auto', ) + SSD_BACKENDS} (or None)")
         return backend
-    env = os.environ.get(SSD_BACKEND_ENV_VAR, '').strip().lower()
-    if env == '':
-        return 'auto'
+    env = backend_from_env(SSD_BACKEND_ENV_VAR)
     if env not in _ENV_CHOICES:
         raise KeyError(f'{SSD_BACKEND_ENV_VAR}={env!r} is not an SSD backend; available: '
                        f'{_ENV_CHOICES}')
@@ -132,7 +120,7 @@ def select_ssd_backend(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: to
                 f"ssd_scan backend='triton' needs triton and the kernel module "
                 f'{TRITON_KERNEL_MODULE} (ssd_scan_triton); triton is not installed. Install '
                 "triton or use backend='torch'.")
-        if x.device.type != 'cuda' and not _triton_interpreter_enabled():
+        if x.device.type != 'cuda' and not triton_interpreter_enabled():
             raise RuntimeError(f"ssd_scan backend='triton' needs CUDA tensors (got {x.device}); "
                                'set TRITON_INTERPRET=1 to run the kernels in the Triton CPU '
                                "interpreter, or use backend='torch'")
@@ -142,19 +130,9 @@ def select_ssd_backend(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: to
                              "use backend='torch'")
         _log_choice_once('triton', 'forced')
         return 'triton'
-    # auto
-    if x.device.type != 'cuda':
-        _log_choice_once('torch', f'auto: {x.device.type} tensors')
-        return 'torch'
-    if not triton_kernel_available():
-        _log_choice_once('torch', 'auto: triton is not installed')
-        return 'torch'
-    reason = _kernel_unsupported_reason(x, dt, A, B, C, D)
-    if reason is not None:
-        _log_choice_once('torch', f'auto: {reason}')
-        return 'torch'
-    _log_choice_once('triton', 'auto: CUDA tensors and triton installed')
-    return 'triton'
+    return choose_auto_backend(x.device, triton_kernel_available,
+                               lambda: _kernel_unsupported_reason(x, dt, A, B, C, D),
+                               _log_choice_once)
 
 
 def ssd_scan(x: torch.Tensor,

@@ -54,42 +54,22 @@ checks that triton is installed first.  The kernels run in the Triton CPU interp
 tensors) when ``TRITON_INTERPRET=1`` was set before triton was first imported in the process
 and is still set at launch; otherwise they need CUDA tensors.
 """
-import contextlib
-import os
-from typing import ContextManager, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 import triton
 import triton.language as tl
 
+from ..triton_utils import (check_kernel_device, device_guard, dot_precision,
+                            interpreter_active)
 from .checks import check_ssd_inputs
 
-
-def _interpreter_active() -> bool:
-    """Whether ``@triton.jit`` currently decorates for the CPU interpreter."""
-    knobs = getattr(triton, 'knobs', None)  # triton >= 3.4; older versions read the env var
-    if knobs is not None:
-        return bool(knobs.runtime.interpret)
-    return os.environ.get('TRITON_INTERPRET', '0').strip().lower() in ('1', 'true', 'on', 'yes')
-
-
 #: True when the kernels below were decorated under TRITON_INTERPRET=1 (CPU tensors).
-INTERPRETED: bool = _interpreter_active()
+INTERPRETED: bool = interpreter_active()
 
 #: Largest supported head dim P and state size N.
 MAX_DIM = 128
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-def _interpreter_problem() -> Optional[str]:
-    """None when interpreted kernels can run now, else what is wrong and how to fix it."""
-    from triton.runtime.interpreter import InterpretedFunction
-    if not isinstance(tl.standard.sum, InterpretedFunction):
-        return ('triton was imported before TRITON_INTERPRET=1 was set (e.g. timm imports '
-                'torch._dynamo, which imports triton); set it before anything imports triton')
-    if not _interpreter_active():
-        return 'TRITON_INTERPRET=1 was unset after the kernels were imported; keep it set'
-    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -489,22 +469,6 @@ class _LaunchConfig:
                     num_stages=self.num_stages, PRECISION=self.precision, BLOCK_N=self.block_n)
 
 
-def _dot_precision(*tensors: torch.Tensor) -> str:
-    """IEEE fp32 in the interpreter and for fp32 inputs (unless torch allows TF32), else TF32."""
-    if INTERPRETED:
-        return 'ieee'
-    if any(t.dtype == torch.float32 for t in tensors):
-        return 'tf32' if torch.backends.cuda.matmul.allow_tf32 else 'ieee'
-    return 'tf32'
-
-
-def _device_guard(device: torch.device) -> ContextManager:
-    """Makes ``device`` current for the launches (Triton launches on the current device)."""
-    if device.type == 'cuda':
-        return torch.cuda.device(device)
-    return contextlib.nullcontext()
-
-
 def _validate(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
               C: torch.Tensor, D: Optional[torch.Tensor], chunk_size: int) -> None:
     """Raises a ValueError/RuntimeError naming the problem for inputs the kernels cannot take."""
@@ -525,18 +489,7 @@ def _validate(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tenso
     devices = {t.device for _, t in named}
     if len(devices) != 1:
         raise ValueError(f'SSD inputs are on different devices: {sorted(map(str, devices))}')
-    if x.device.type == 'cuda':
-        if INTERPRETED:
-            raise RuntimeError('the Triton kernels were imported with TRITON_INTERPRET=1 and can '
-                               'only run on CPU tensors; unset TRITON_INTERPRET for CUDA')
-    elif not INTERPRETED:
-        raise RuntimeError(f'the Triton SSD kernels need CUDA tensors (got {x.device}); set '
-                           'TRITON_INTERPRET=1 before triton is imported to run them on CPU in '
-                           'the interpreter, or use backend="torch"')
-    else:
-        problem = _interpreter_problem()
-        if problem is not None:
-            raise RuntimeError(f'cannot run the Triton interpreter: {problem}')
+    check_kernel_device(x.device, INTERPRETED, 'Triton SSD')
 
 
 def _forward(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
@@ -638,8 +591,9 @@ class _SSDScanTriton(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
                 C: torch.Tensor, D: Optional[torch.Tensor], chunk_size: int) -> torch.Tensor:
-        cfg = _LaunchConfig(chunk_size, x.shape[-1], B.shape[-1], _dot_precision(x, B, C))
-        with _device_guard(x.device):
+        precision = dot_precision(INTERPRETED, x, B, C)
+        cfg = _LaunchConfig(chunk_size, x.shape[-1], B.shape[-1], precision)
+        with device_guard(x.device):
             y, cs, dt32, states = _forward(x, dt, A, B, C, D, chunk_size, cfg)
         ctx.save_for_backward(x, dt, A, B, C, D, cs, dt32, states)
         ctx.cfg = cfg
@@ -649,7 +603,7 @@ class _SSDScanTriton(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
         x, dt, A, B, C, D, cs, dt32, states = ctx.saved_tensors
-        with _device_guard(x.device):
+        with device_guard(x.device):
             grads = _backward(dy, x, dt, A, B, C, D, cs, dt32, states, ctx.chunk_size, ctx.cfg)
         grads = [g if needed else None for g, needed in zip(grads, ctx.needs_input_grad)]
         return (*grads, None)

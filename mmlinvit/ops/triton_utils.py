@@ -1,0 +1,154 @@
+"""Helpers shared by the Triton kernels of :mod:`mmlinvit.ops` and their dispatchers.
+
+Two groups:
+
+* kernel side (used by :mod:`.linear_attention.fused` and :mod:`.ssd.triton_kernel`): whether
+  ``@triton.jit`` decorates for the CPU interpreter, what keeps the interpreter from running,
+  the device check of the launches, the ``tl.dot`` input precision and the device guard;
+* dispatcher side (used by the two ``dispatch`` modules): triton availability (checked with
+  :func:`importlib.util.find_spec`, nothing imported), the ``TRITON_INTERPRET`` switch, the
+  backend environment variable, the log-once of a choice and the ``auto`` selection.
+
+This module does not import triton at import time: the functions that need it import it when
+called, so the dispatchers can use it on machines without triton.
+"""
+import contextlib
+import importlib.util
+import logging
+import os
+from typing import Callable, ContextManager, Optional, Set, Tuple
+
+import torch
+
+_TRUE_VALUES = ('1', 'true', 'on', 'yes')
+
+
+def triton_available() -> bool:
+    """Whether the ``triton`` package is installed (checked without importing it)."""
+    return importlib.util.find_spec('triton') is not None
+
+
+def triton_interpreter_enabled() -> bool:
+    """Whether ``TRITON_INTERPRET=1`` is set (Triton kernels then run on CPU tensors)."""
+    return os.environ.get('TRITON_INTERPRET', '0').strip().lower() in _TRUE_VALUES
+
+
+def interpreter_active() -> bool:
+    """Whether ``@triton.jit`` currently decorates for the CPU interpreter (imports triton)."""
+    import triton
+    knobs = getattr(triton, 'knobs', None)  # triton >= 3.4; older versions read the env var
+    if knobs is not None:
+        return bool(knobs.runtime.interpret)
+    return triton_interpreter_enabled()
+
+
+def interpreter_problem() -> Optional[str]:
+    """None when interpreted kernels can run now, else what is wrong and how to fix it."""
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+    if not isinstance(tl.standard.sum, InterpretedFunction):
+        return ('triton was imported before TRITON_INTERPRET=1 was set (e.g. timm imports '
+                'torch._dynamo, which imports triton); set it before anything imports triton')
+    if not interpreter_active():
+        return 'TRITON_INTERPRET=1 was unset after the kernels were imported; keep it set'
+    return None
+
+
+def check_kernel_device(device: torch.device, interpreted: bool, kernels: str) -> None:
+    """Raises a RuntimeError naming the fix when kernels cannot run on ``device``.
+
+    Args:
+        device: Device of the input tensors.
+        interpreted: Whether the kernels were decorated for the CPU interpreter.
+        kernels: How the error names the kernels, e.g. ``'Triton SSD'``.
+
+    Raises:
+        RuntimeError: CUDA tensors for interpreted kernels, CPU tensors for compiled ones, or
+            an interpreter that cannot run (see :func:`interpreter_problem`).
+    """
+    if device.type == 'cuda':
+        if interpreted:
+            raise RuntimeError('the Triton kernels were imported with TRITON_INTERPRET=1 and can '
+                               'only run on CPU tensors; unset TRITON_INTERPRET for CUDA')
+    elif not interpreted:
+        raise RuntimeError(f'the {kernels} kernels need CUDA tensors (got {device}); set '
+                           'TRITON_INTERPRET=1 before triton is imported to run them on CPU in '
+                           'the interpreter, or use backend="torch"')
+    else:
+        problem = interpreter_problem()
+        if problem is not None:
+            raise RuntimeError(f'cannot run the Triton interpreter: {problem}')
+
+
+def dot_precision(interpreted: bool, *tensors: torch.Tensor) -> str:
+    """IEEE fp32 in the interpreter and for fp32 inputs (unless torch allows TF32), else TF32.
+
+    Args:
+        interpreted: Whether the kernels run in the CPU interpreter.
+        *tensors: The inputs whose dtypes decide.
+
+    Returns:
+        ``'ieee'`` or ``'tf32'`` (the ``input_precision`` of ``tl.dot``).
+    """
+    if interpreted:
+        return 'ieee'
+    if any(t.dtype == torch.float32 for t in tensors):
+        return 'tf32' if torch.backends.cuda.matmul.allow_tf32 else 'ieee'
+    return 'tf32'
+
+
+def device_guard(device: torch.device) -> ContextManager:
+    """Makes ``device`` current for the launches (Triton launches on the current device)."""
+    if device.type == 'cuda':
+        return torch.cuda.device(device)
+    return contextlib.nullcontext()
+
+
+def backend_from_env(env_var: str) -> str:
+    """The lower-cased value of ``env_var``, ``'auto'`` when unset or empty (not validated)."""
+    env = os.environ.get(env_var, '').strip().lower()
+    return env if env != '' else 'auto'
+
+
+def log_choice_once(logged: Set[Tuple[str, str]], operation: str, backend: str,
+                    reason: str) -> None:
+    """Logs ``'<operation> backend: <backend> (<reason>)'`` on the ``mmlinvit`` logger once.
+
+    Args:
+        logged: The caller's memory of (backend, reason) pairs already logged; updated.
+        operation: What the backend is for, e.g. ``'SSD scan'``.
+        backend: The chosen backend.
+        reason: Why it was chosen.
+    """
+    key = (backend, reason)
+    if key not in logged:
+        logged.add(key)
+        logging.getLogger('mmlinvit').info('%s backend: %s (%s)', operation, backend, reason)
+
+
+def choose_auto_backend(device: torch.device, kernel_available: Callable[[], bool],
+                        unsupported_reason: Callable[[], Optional[str]],
+                        log_choice: Callable[[str, str], None]) -> str:
+    """The ``auto`` choice: ``'triton'`` for CUDA tensors the installed kernel can take.
+
+    Args:
+        device: Device of the inputs.
+        kernel_available: Whether triton (and the kernel module) is installed.
+        unsupported_reason: Why the kernel cannot take the inputs, or None when it can.
+        log_choice: Called with (backend, reason) for the choice made.
+
+    Returns:
+        ``'triton'`` or ``'torch'``.
+    """
+    if device.type != 'cuda':
+        log_choice('torch', f'auto: {device.type} tensors')
+        return 'torch'
+    if not kernel_available():
+        log_choice('torch', 'auto: triton is not installed')
+        return 'torch'
+    reason = unsupported_reason()
+    if reason is not None:
+        log_choice('torch', f'auto: {reason}')
+        return 'torch'
+    log_choice('triton', 'auto: CUDA tensors and triton installed')
+    return 'triton'
