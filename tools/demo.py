@@ -46,7 +46,7 @@ STAGE2_CFG = osp.join(REPO, 'configs/adala/vit-adala_stage2_feat-align_dinov2-l_
 
 #: Lengths of every step (full demo / --quick).
 PLANS = {
-    'full': dict(num_train=160, num_val=40, teacher_iters=200, stage1_epochs=4,
+    'full': dict(num_train=160, num_val=40, teacher_iters=300, stage1_epochs=4,
                  stage2_epochs=6, student_iters=200, distill_batch=16, timing=True),
     'quick': dict(num_train=16, num_val=4, teacher_iters=6, stage1_epochs=1,
                   stage2_epochs=1, student_iters=4, distill_batch=8, timing=False),

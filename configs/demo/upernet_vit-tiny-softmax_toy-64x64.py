@@ -34,7 +34,7 @@ optim_wrapper = dict(
     type='OptimWrapper',
     optimizer=dict(type='AdamW', lr=2e-3, betas=(0.9, 0.999), weight_decay=0.01),
     clip_grad=dict(max_norm=1.0))
-max_iters = 200
+max_iters = 300
 param_scheduler = [
     dict(type='LinearLR', start_factor=0.05, by_epoch=False, begin=0, end=30),
     dict(type='PolyLR', eta_min=1e-5, power=1.0, begin=30, end=max_iters, by_epoch=False),

@@ -65,7 +65,7 @@ def test_missing_data_root_and_checkpoint_stop_before_training(tmp_path):
     assert 'ADEChallengeData2016.zip' in message  # how to get the data
     # The Stage-2 checkpoint and how to produce it.
     assert 'vit-adala_stage2_feat-align_dinov2-l_in22k-512/student_backbone.pth' in message
-    assert 'Stage 1' in message and 'Stage 2' in message  # how to produce it
+    assert 'vit-adala_stage1' in message and 'vit-adala_stage2' in message  # how to make it
     assert not work_dir.exists()  # nothing was built
 
 
@@ -181,3 +181,22 @@ def test_dist_train_and_test_two_processes_gloo(tmp_path, ade_root):
         env=env, cwd=str(tmp_path), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert 'mIoU' in _latest_log(str(tmp_path / 'test_wd'))
+
+
+def test_train_flags_map_to_the_config(tmp_path):
+    from mmengine.config import Config
+
+    from mmlinvit.engine.launch import prepare_train_config
+    path = osp.join(REPO, 'configs', 'adala_dinov2_ade20k.py')
+    cfg = prepare_train_config(Config.fromfile(path), path, amp=True, resume='auto')
+    assert cfg.work_dir == osp.join('./work_dirs', 'adala_dinov2_ade20k')
+    assert cfg.optim_wrapper.type == 'AmpOptimWrapper'
+    assert cfg.optim_wrapper.loss_scale == 'dynamic'
+    assert cfg.resume is True and cfg.load_from is None
+    cfg = prepare_train_config(Config.fromfile(path), path, work_dir=str(tmp_path),
+                               resume='ckpt.pth', launcher='pytorch')
+    assert (cfg.work_dir, cfg.resume, cfg.load_from) == (str(tmp_path), True, 'ckpt.pth')
+    if not torch.cuda.is_available():  # CPU: gloo, DDP without device_ids, no SyncBN
+        assert cfg.env_cfg.dist_cfg.backend == 'gloo'
+        assert cfg.model_wrapper_cfg.type == 'MMDistributedDataParallel'
+        assert 'SyncBN' not in str(cfg.model)
