@@ -44,6 +44,7 @@ from mmlinvit.layers.norm import RMSNorm
 from mmlinvit.layers.patch_embed import PatchEmbed
 from mmlinvit.layers.pos_embed import infer_square_grid, resample_pos_grid
 from mmlinvit.layers.transformer import DropPath
+from .outputs import check_out_type, format_tokens, resolve_out_indices
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +57,6 @@ ADVENTURER_SIZES: Dict[str, dict] = {
 }
 _SIZE_ALIASES = {'tiny': 't', 'small': 's', 'base': 'b', 'large': 'l'}
 
-OUT_TYPES = ('raw', 'cls_token', 'avg_featmap', 'featmap')
 FLIP_SCHEDULES = ('paper', 'official', 'none')
 #: Checkpoint keys that wrap a state dict, unwrapped by :meth:`Adventurer.init_weights`.
 CHECKPOINT_WRAPPER_KEYS = ('state_dict', 'model')
@@ -329,8 +329,7 @@ class Adventurer(nn.Module):
                 raise KeyError(f'Custom Adventurer arch dict is missing {sorted(missing)}')
             arch_cfg = dict(arch)
             self.arch = 'custom'
-        if out_type not in OUT_TYPES:
-            raise KeyError(f'Unknown out_type {out_type!r}; available: {OUT_TYPES}')
+        check_out_type(out_type)
 
         self.embed_dims = arch_cfg['embed_dims']
         self.num_layers = arch_cfg['num_layers']
@@ -370,15 +369,7 @@ class Adventurer(nn.Module):
         ])
         self.norm_f = RMSNorm(self.embed_dims, eps=norm_eps)
 
-        if isinstance(out_indices, int):
-            out_indices = [out_indices]
-        self.out_indices = []
-        for idx in out_indices:
-            real = idx + self.num_layers if idx < 0 else idx
-            if not 0 <= real < self.num_layers:
-                raise IndexError(f'out_indices entry {idx} is out of range for '
-                                 f'{self.num_layers} layers')
-            self.out_indices.append(real)
+        self.out_indices = resolve_out_indices(out_indices, self.num_layers)
         self._init_parameters()
         self._register_load_state_dict_pre_hook(self._adapt_pos_embed_on_load)
         self._freeze_stages()
@@ -553,15 +544,7 @@ class Adventurer(nn.Module):
 
     def format_output(self, tokens: torch.Tensor, hw_shape: Tuple[int, int]) -> torch.Tensor:
         """Turns (B, n + 1, C) tokens (class token last) into the configured ``out_type``."""
-        if self.out_type == 'raw':
-            return tokens
-        if self.out_type == 'cls_token':
-            return tokens[:, -1]
-        patches = tokens[:, :-1]
-        if self.out_type == 'avg_featmap':
-            return patches.mean(dim=1)
-        b, _, c = patches.shape
-        return patches.transpose(1, 2).reshape(b, c, hw_shape[0], hw_shape[1])
+        return format_tokens(tokens, self.out_type, -1, slice(None, -1), hw_shape)
 
     def forward_tokens(self,
                        x: torch.Tensor,

@@ -25,8 +25,8 @@ from mmlinvit.layers.pos_embed import infer_square_grid, resample_pos_grid, sinc
 from mmlinvit.layers.patch_embed import PatchEmbed
 from mmlinvit.layers.transformer import TransformerBlock
 from .arch_zoo import VIT_FAMILIES, VIT_SIZES
+from .outputs import check_out_type, format_tokens, resolve_out_indices
 
-OUT_TYPES = ('raw', 'cls_token', 'avg_featmap', 'featmap')
 
 
 class VisionTransformer(nn.Module):
@@ -111,8 +111,7 @@ class VisionTransformer(nn.Module):
                 raise KeyError(f'Custom arch dict is missing {sorted(missing)}')
             arch_cfg = dict(arch)
             arch_name = 'custom'
-        if out_type not in OUT_TYPES:
-            raise KeyError(f'Unknown out_type {out_type!r}; available: {OUT_TYPES}')
+        check_out_type(out_type)
         if out_type == 'cls_token' and not with_cls_token:
             raise ValueError("out_type='cls_token' needs with_cls_token=True; use "
                              "'avg_featmap' for models without a class token")
@@ -182,15 +181,7 @@ class VisionTransformer(nn.Module):
         self.norm = (nn.LayerNorm(self.embed_dims, eps=pick(norm_eps, 'norm_eps'))
                      if final_norm else nn.Identity())
 
-        if isinstance(out_indices, int):
-            out_indices = [out_indices]
-        self.out_indices = []
-        for idx in out_indices:
-            real = idx + self.num_layers if idx < 0 else idx
-            if not 0 <= real < self.num_layers:
-                raise IndexError(f'out_indices entry {idx} is out of range for '
-                                 f'{self.num_layers} layers')
-            self.out_indices.append(real)
+        self.out_indices = resolve_out_indices(out_indices, self.num_layers)
         self._init_parameters()
         self._register_load_state_dict_pre_hook(self._adapt_pos_embed_on_load)
         self._freeze_stages()
@@ -322,15 +313,7 @@ class VisionTransformer(nn.Module):
 
     def format_output(self, tokens: torch.Tensor, hw_shape: Tuple[int, int]) -> torch.Tensor:
         """Turns (B, N, C) tokens into the configured ``out_type``."""
-        if self.out_type == 'raw':
-            return tokens
-        if self.out_type == 'cls_token':
-            return tokens[:, 0]
-        patches = tokens[:, self.num_prefix_tokens:]
-        if self.out_type == 'avg_featmap':
-            return patches.mean(dim=1)
-        b, _, c = patches.shape
-        return patches.transpose(1, 2).reshape(b, c, hw_shape[0], hw_shape[1])
+        return format_tokens(tokens, self.out_type, 0, slice(self.num_prefix_tokens, None), hw_shape)
 
     def forward_tokens(self, x: torch.Tensor,
                        patch_mask: Optional[torch.Tensor] = None,
