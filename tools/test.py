@@ -10,13 +10,11 @@ Examples::
     bash tools/dist_test.sh CONFIG CKPT 8
 """
 import argparse
-import os
 import sys
 from typing import List, Optional
 
-from mmengine.config import Config, DictAction
-
-from mmlinvit.engine.launch import LAUNCHERS, build_runner, prepare_test_config
+from mmlinvit.engine.launch import (add_launch_arguments, build_runner, load_config,
+                                     parse_launch_args, prepare_test_config)
 from mmlinvit.engine.preflight import MissingInputsError
 
 
@@ -32,25 +30,14 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument('--show-dir', help='directory where painted predictions are saved')
     parser.add_argument('--wait-time', type=float, default=2, help='seconds per shown image')
     parser.add_argument('--interval', type=int, default=1, help='visualise every N-th sample')
-    parser.add_argument(
-        '--cfg-options',
-        nargs='+',
-        action=DictAction,
-        help='override config keys, e.g. model.test_cfg.mode=slide')
-    parser.add_argument('--launcher', choices=LAUNCHERS, default='none', help='job launcher')
-    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
-    args = parser.parse_args(argv)
-    if 'LOCAL_RANK' not in os.environ:
-        os.environ['LOCAL_RANK'] = str(args.local_rank)
-    return args
+    add_launch_arguments(parser, 'model.test_cfg.mode=slide')
+    return parse_launch_args(parser, argv)
 
 
 def main(argv: Optional[List[str]] = None) -> dict:
     """Loads the config, applies the flags, checks inputs and evaluates; returns the metrics."""
     args = parse_args(argv)
-    cfg = Config.fromfile(args.config)
-    if args.cfg_options is not None:
-        cfg.merge_from_dict(args.cfg_options)
+    cfg = load_config(args.config, args.cfg_options)
     prepare_test_config(cfg, args.config, args.checkpoint, work_dir=args.work_dir,
                         show_dir=args.show_dir, show=args.show, wait_time=args.wait_time,
                         interval=args.interval, out=args.out, launcher=args.launcher)

@@ -11,13 +11,11 @@ Examples::
     bash tools/dist_train.sh CONFIG 8                 # torchrun, --launcher pytorch
 """
 import argparse
-import os
 import sys
 from typing import List, Optional
 
-from mmengine.config import Config, DictAction
-
-from mmlinvit.engine.launch import LAUNCHERS, build_runner, prepare_train_config
+from mmlinvit.engine.launch import (add_launch_arguments, build_runner, load_config,
+                                     parse_launch_args, prepare_train_config)
 from mmlinvit.engine.preflight import MissingInputsError
 
 
@@ -33,25 +31,14 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         default=None,
         help='resume from CKPT, or from the latest checkpoint of the work dir if no CKPT is given')
     parser.add_argument('--amp', action='store_true', help='mixed-precision training')
-    parser.add_argument(
-        '--cfg-options',
-        nargs='+',
-        action=DictAction,
-        help='override config keys, e.g. train_cfg.max_iters=1000 model.backbone.pretrained=x')
-    parser.add_argument('--launcher', choices=LAUNCHERS, default='none', help='job launcher')
-    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
-    args = parser.parse_args(argv)
-    if 'LOCAL_RANK' not in os.environ:
-        os.environ['LOCAL_RANK'] = str(args.local_rank)
-    return args
+    add_launch_arguments(parser, 'train_cfg.max_iters=1000 model.backbone.pretrained=x')
+    return parse_launch_args(parser, argv)
 
 
 def main(argv: Optional[List[str]] = None) -> None:
     """Loads the config, applies the flags, checks inputs and trains."""
     args = parse_args(argv)
-    cfg = Config.fromfile(args.config)
-    if args.cfg_options is not None:
-        cfg.merge_from_dict(args.cfg_options)
+    cfg = load_config(args.config, args.cfg_options)
     prepare_train_config(cfg, args.config, work_dir=args.work_dir, resume=args.resume,
                          amp=args.amp, launcher=args.launcher)
     try:

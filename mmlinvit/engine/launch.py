@@ -9,14 +9,15 @@ CPU kernel), selects the ``gloo`` backend and wraps the model in
 ``MMDistributedDataParallel`` without ``device_ids`` (mmengine's default passes the local GPU
 index), so ``tools/dist_train.sh`` runs on CPU machines too.
 """
+import argparse
 import dataclasses
 import logging
 import os
 import os.path as osp
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
-from mmengine.config import Config, ConfigDict
+from mmengine.config import Config, ConfigDict, DictAction
 from mmengine.logging import print_log
 from mmengine.runner import Runner
 
@@ -24,6 +25,36 @@ from .preflight import check_inputs
 
 #: ``--launcher`` choices (mmengine's).
 LAUNCHERS = ('none', 'pytorch', 'slurm', 'mpi')
+
+
+def add_launch_arguments(parser: argparse.ArgumentParser, cfg_options_example: str) -> None:
+    """Adds the flags train.py and test.py share: ``--cfg-options``, ``--launcher``, ``--local-rank``.
+
+    Args:
+        parser: The tool's parser.
+        cfg_options_example: Example overrides shown in ``--cfg-options``'s help.
+    """
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
+                        help=f'override config keys, e.g. {cfg_options_example}')
+    parser.add_argument('--launcher', choices=LAUNCHERS, default='none', help='job launcher')
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+
+
+def parse_launch_args(parser: argparse.ArgumentParser,
+                      argv: Optional[List[str]] = None) -> argparse.Namespace:
+    """Parses ``argv`` and exports ``--local-rank`` as ``LOCAL_RANK`` unless a launcher set it."""
+    args = parser.parse_args(argv)
+    if 'LOCAL_RANK' not in os.environ:
+        os.environ['LOCAL_RANK'] = str(args.local_rank)
+    return args
+
+
+def load_config(path: str, cfg_options: Optional[dict] = None) -> Config:
+    """Reads a config file and merges ``--cfg-options`` overrides into it."""
+    cfg = Config.fromfile(path)
+    if cfg_options is not None:
+        cfg.merge_from_dict(cfg_options)
+    return cfg
 
 
 @dataclasses.dataclass(frozen=True)
