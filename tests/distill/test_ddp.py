@@ -3,10 +3,10 @@ import json
 import os
 import os.path as osp
 import socket
-import subprocess
 import sys
 
 from distill_testing import REPO, save_tiny_vit_checkpoint, write_image_folder
+from torchrun_retry import run_multiprocess
 
 HERE = osp.dirname(osp.abspath(__file__))
 CONFIG = 'copy_mlp_distill_attn/deit-t_elu_mlp-copy_distill-attn_cifar10-224.py'
@@ -28,7 +28,7 @@ def test_two_process_ddp_distillation(tmp_path):
     cmd = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', '2',
            '--master_addr', '127.0.0.1', '--master_port', str(_free_port()),
            osp.join(HERE, 'run_ddp_distill.py'), CONFIG, data, work_dir, teacher]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    proc = run_multiprocess(cmd, env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     results = [json.load(open(osp.join(work_dir, f'rank{r}.json'))) for r in (0, 1)]
     assert all(r['wrapped'] and r['wrapper'] == 'MMDistributedDataParallel' for r in results)

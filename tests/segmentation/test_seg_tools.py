@@ -6,7 +6,6 @@ import os
 import os.path as osp
 import re
 import socket
-import subprocess
 import sys
 
 import pytest
@@ -15,6 +14,7 @@ from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
 
 from seg_helpers import REPO, tiny_config
+from torchrun_retry import run_multiprocess
 
 UPERNET = 'segmentation/upernet_deit-b-relu-fullcopy_8xb2-160k_ade20k-512x512.py'
 
@@ -164,9 +164,9 @@ def test_dist_train_and_test_two_processes_gloo(tmp_path, ade_root):
     cfg.dump(cfg_file)
     env = dict(os.environ, PYTHON=sys.executable, PORT=str(_free_port()), OMP_NUM_THREADS='1',
                NNODES='1', NODE_RANK='0', MASTER_ADDR='127.0.0.1', CUDA_VISIBLE_DEVICES='')
-    proc = subprocess.run(
+    proc = run_multiprocess(
         ['bash', osp.join(REPO, 'tools', 'dist_train.sh'), cfg_file, '2', '--work-dir', work_dir],
-        env=env, cwd=str(tmp_path), capture_output=True, text=True, timeout=300)
+        env=env, cwd=str(tmp_path), timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert osp.isfile(osp.join(work_dir, 'iter_2.pth'))
     log = _latest_log(work_dir)
@@ -175,10 +175,10 @@ def test_dist_train_and_test_two_processes_gloo(tmp_path, ade_root):
     assert 'mIoU' in log  # distributed validation gathered the results
 
     env['PORT'] = str(_free_port())
-    proc = subprocess.run(
+    proc = run_multiprocess(
         ['bash', osp.join(REPO, 'tools', 'dist_test.sh'), cfg_file,
          osp.join(work_dir, 'iter_2.pth'), '2', '--work-dir', str(tmp_path / 'test_wd')],
-        env=env, cwd=str(tmp_path), capture_output=True, text=True, timeout=300)
+        env=env, cwd=str(tmp_path), timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert 'mIoU' in _latest_log(str(tmp_path / 'test_wd'))
 
