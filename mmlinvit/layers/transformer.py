@@ -107,6 +107,9 @@ class DropPath(nn.Module):
 class TransformerBlock(nn.Module):
     """Pre-norm ViT block: x + ls1(attn(norm1(x))), then x + ls2(mlp(norm2(x))).
 
+    The operator may first transform the residual stream, ``x = attn.pre_attention(x)``
+    (identity except for ViT^3's TTT, which adds its depthwise positional conv ``x + cpe(x)``).
+
     Hook points: a forward hook on ``self.attn`` sees the attention output (post-projection,
     pre-layer-scale); a forward pre-hook on the block sees the block input.
 
@@ -155,12 +158,15 @@ class TransformerBlock(nn.Module):
     def forward_attn(self, x: torch.Tensor, hw_shape: Optional[Tuple[int, int]],
                      num_prefix_tokens: int) -> torch.Tensor:
         """The attention output of this block for block input ``x`` (teacher forcing uses it)."""
+        x = self.attn.pre_attention(x, hw_shape, num_prefix_tokens)
         return self.attn(self.norm1(x), hw_shape, num_prefix_tokens)
 
     def forward(self,
                 x: torch.Tensor,
                 hw_shape: Optional[Tuple[int, int]] = None,
                 num_prefix_tokens: int = 0) -> torch.Tensor:
-        x = x + self.drop_path1(self.ls1(self.forward_attn(x, hw_shape, num_prefix_tokens)))
+        x = self.attn.pre_attention(x, hw_shape, num_prefix_tokens)  # ViT^3 TTT: x + cpe(x)
+        attn_out = self.attn(self.norm1(x), hw_shape, num_prefix_tokens)
+        x = x + self.drop_path1(self.ls1(attn_out))
         x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
         return x

@@ -11,7 +11,8 @@ tokens, which sit at the front of the sequence; spatial operators (MHLA, TTT) ne
 Hook point: the output of ``blocks[i].attn`` is the per-block attention output used by
 attention distillation; the positional inputs of ``blocks[i]`` are the block input.
 """
-from typing import Optional, Tuple
+from types import MappingProxyType
+from typing import Any, Mapping, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -19,6 +20,12 @@ import torch.nn as nn
 from mmlinvit.utils import NameRegistry
 
 ATTENTION_OPERATORS = NameRegistry('attention operator')
+
+#: Seed 000's setting of the spatial operators (MHLA, TTT): no class token, fixed sin-cos
+#: position embeddings, average pooling (patch-token outputs).
+NO_CLS_SINCOS_AVG_POOL: Mapping[str, Tuple[Any, ...]] = MappingProxyType(
+    dict(with_cls_token=(False, ), pos_embed_type=('sincos', ),
+         out_type=('avg_featmap', 'featmap', 'raw')))
 
 
 class AttentionOperator(nn.Module):
@@ -40,6 +47,11 @@ class AttentionOperator(nn.Module):
     has_attention_map: bool = True
     #: Whether the operator mixes tokens through a q.k^T form (Mimetic / Impulse need it).
     has_qk_form: bool = True
+    #: The backbone setting the operator's paper runs it in, ``{VisionTransformer argument:
+    #: accepted values}``; the first value is used where the argument is not given, other
+    #: given values are refused at build time (``check_operator_setting=False`` allows them,
+    #: with a warning).  Empty: no requirement.  See :data:`NO_CLS_SINCOS_AVG_POOL`.
+    paper_backbone_setting: Mapping[str, Tuple[Any, ...]] = MappingProxyType({})
 
     def __init__(self,
                  embed_dims: int,
@@ -96,6 +108,23 @@ class AttentionOperator(nn.Module):
         """
         q, k, v = self.split_qkv(x)
         return self.project(self.mix(q, k, v, hw_shape, num_prefix_tokens))
+
+    def pre_attention(self,
+                      x: torch.Tensor,
+                      hw_shape: Optional[Tuple[int, int]] = None,
+                      num_prefix_tokens: int = 0) -> torch.Tensor:
+        """The block's residual stream before ``norm1`` / attention (default: unchanged).
+
+        :class:`~mmlinvit.layers.TransformerBlock` computes ``x = attn.pre_attention(x)`` first.
+        ViT^3's TTT adds its 3x3 depthwise positional convolution here (``x + cpe(x)``); such
+        parameters belong to the operator, so they load, transfer and train as its extras.
+
+        Args:
+            x: Block input (B, N, C), prefix tokens first (not normalised).
+            hw_shape: (h, w) patch grid.
+            num_prefix_tokens: Number of class / register tokens at the front.
+        """
+        return x
 
     def attention_map(self,
                       x: torch.Tensor,
