@@ -21,6 +21,7 @@ VIT_FAMILIES: Dict[str, dict] = {
                   pre_norm=False, patch_bias=True, pos_interp='bicubic'),
     'mae': dict(patch_size=16, img_size=224, layer_scale_init=None, act='gelu', norm_eps=1e-6,
                 pre_norm=False, patch_bias=True, pos_interp='bicubic'),
+    # pos_interp: the plain hub models; with registers see VIT_FAMILY_REGISTER_DEFAULTS.
     'dinov2': dict(patch_size=14, img_size=518, layer_scale_init=1e-5, act='gelu',
                    norm_eps=1e-6, pre_norm=False, patch_bias=True, pos_interp='dinov2',
                    with_mask_token=True),
@@ -36,3 +37,34 @@ FAMILY_SIZES = {
     'dinov2': ('s', 'b', 'l', 'g'),
     'clip': ('b', 'l'),
 }
+
+#: Family defaults that differ when the model has register tokens (``num_reg_tokens > 0``).
+#: The DINOv2 hub builds ``dinov2_vit{s,b,l,g}14_reg`` with ``interpolate_antialias=True,
+#: interpolate_offset=0.0`` and the plain ``dinov2_vit{s,b,l,g}14`` with ``False, 0.1``
+#: (facebookresearch/dinov2, ``dinov2/hub/backbones.py``), so a DINOv2 model with registers
+#: resamples its position grid with ``'dinov2_reg'``; an explicit ``pos_interp`` still wins.
+VIT_FAMILY_REGISTER_DEFAULTS: Dict[str, dict] = {
+    'dinov2': dict(pos_interp='dinov2_reg'),
+}
+
+
+def family_defaults(family: str, num_reg_tokens: int = 0) -> dict:
+    """The constructor defaults of a family for a model with ``num_reg_tokens`` registers.
+
+    Args:
+        family: Name in :data:`VIT_FAMILIES`.
+        num_reg_tokens: Number of register tokens of the model.
+
+    Returns:
+        A new dict: :data:`VIT_FAMILIES` ``[family]``, updated with
+        :data:`VIT_FAMILY_REGISTER_DEFAULTS` ``[family]`` when the model has registers.
+
+    Raises:
+        KeyError: naming the unknown family and the available ones.
+    """
+    if family not in VIT_FAMILIES:
+        raise KeyError(f'Unknown ViT family {family!r}; available: {sorted(VIT_FAMILIES)}')
+    defaults = dict(VIT_FAMILIES[family])
+    if num_reg_tokens > 0:
+        defaults.update(VIT_FAMILY_REGISTER_DEFAULTS.get(family, {}))
+    return defaults

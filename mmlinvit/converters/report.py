@@ -54,7 +54,9 @@ class ConversionReport:
         dropped: Source key -> reason, for keys not carried into the canonical state dict.
         notes: Value changes and other facts worth knowing (e.g. a zero class position).
         extras: Tensors set aside instead of dropped (CLIP ``proj`` with ``keep_projection``).
-        missing: Model keys the checkpoint lacked (filled after a non-strict load).
+        missing: Model keys the checkpoint lacked (filled after loading).
+        initialised: The missing keys that keep the model's init by design (a mask token,
+            operator parameters without a softmax counterpart), each with the reason.
         unexpected: Checkpoint keys the model lacks (filled after a non-strict load).
         loaded: Number of tensors loaded into the model (0 until loaded).
     """
@@ -65,6 +67,7 @@ class ConversionReport:
     notes: List[str] = field(default_factory=list)
     extras: Dict[str, torch.Tensor] = field(default_factory=dict)
     missing: List[str] = field(default_factory=list)
+    initialised: Dict[str, str] = field(default_factory=dict)
     unexpected: List[str] = field(default_factory=list)
     loaded: int = 0
 
@@ -81,8 +84,20 @@ class ConversionReport:
             notes=list(self.notes),
             extras={k: list(v.shape) for k, v in self.extras.items()},
             missing=list(self.missing),
+            initialised=dict(self.initialised),
             unexpected=list(self.unexpected),
             loaded=self.loaded)
+
+    def describe_initialised(self) -> List[str]:
+        """The missing keys grouped by reason, e.g. ``'blocks.{0-11}.attn.block_mixing
+        (attention-operator parameter ...)'``; keys without a reason (skipped by a non-strict
+        load) come last."""
+        by_reason: Dict[str, List[str]] = {}
+        for key in self.missing:
+            by_reason.setdefault(self.initialised.get(key, 'skipped (strict=False)'),
+                                 []).append(key)
+        return [f'{", ".join(summarise_keys(keys, limit=8))} ({reason})'
+                for reason, keys in by_reason.items()]
 
     def format(self) -> str:
         """Human-readable summary, one fact a line."""
@@ -102,7 +117,7 @@ class ConversionReport:
         if self.loaded:
             lines.append(f'loaded tensors: {self.loaded}')
         if self.missing:
-            lines.append(f'missing (left at init): {", ".join(summarise_keys(self.missing))}')
+            lines.append('missing (left at init): ' + '; '.join(self.describe_initialised()))
         if self.unexpected:
             lines.append(f'unexpected (ignored): {", ".join(summarise_keys(self.unexpected))}')
         return '\n'.join(lines)

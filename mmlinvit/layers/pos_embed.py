@@ -9,9 +9,14 @@ import torch.nn.functional as F
 #: ``bicubic``: DeiT / MAE fine-tuning code, mmpretrain, mmseg (``size=``, align_corners=False,
 #: no antialias).
 #: ``bicubic_antialias``: timm's ``resample_abs_pos_embed`` (``dynamic_img_size`` and checkpoint
-#: resizing): the same call with ``antialias=True``, which differs even when upsampling.
-#: ``dinov2``: the DINOv2 hub code (``scale_factor=(h + 0.1) / H``, bicubic, no antialias).
-POS_INTERP_MODES = ('bicubic', 'bicubic_antialias', 'dinov2')
+#: resizing): the same call with ``antialias=True``, which differs even when upsampling (the
+#: antialiased kernel is PIL's cubic, a = -0.5, instead of a = -0.75).
+#: ``dinov2``: the DINOv2 hub models without registers (``interpolate_offset=0.1``,
+#: ``interpolate_antialias=False``: ``scale_factor=(h + 0.1) / H``, bicubic, no antialias).
+#: ``dinov2_reg``: the DINOv2 hub models with registers, ``dinov2_vit{s,b,l,g}14_reg``
+#: (``interpolate_offset=0.0``, ``interpolate_antialias=True``: ``size=(h, w)``, bicubic,
+#: antialias); numerically the same call as ``bicubic_antialias``.
+POS_INTERP_MODES = ('bicubic', 'bicubic_antialias', 'dinov2', 'dinov2_reg')
 
 
 def resample_pos_grid(pos: torch.Tensor, src_hw: Tuple[int, int], dst_hw: Tuple[int, int],
@@ -42,7 +47,7 @@ def resample_pos_grid(pos: torch.Tensor, src_hw: Tuple[int, int], dst_hw: Tuple[
                                f'expected {tuple(dst_hw)}')
     else:
         grid = F.interpolate(grid, size=dst_hw, mode='bicubic', align_corners=False,
-                             antialias=(mode == 'bicubic_antialias'))
+                             antialias=mode in ('bicubic_antialias', 'dinov2_reg'))
     return grid.permute(0, 2, 3, 1).reshape(1, dst_hw[0] * dst_hw[1], c).to(dtype)
 
 

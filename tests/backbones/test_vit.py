@@ -16,8 +16,8 @@ def test_families_any_resolution(family, hw):
                               out_indices=[0, 2]).eval()
     outs = model(torch.randn(2, 3, h, w))
     assert len(outs) == 2
-    for out in outs:
-        assert out.shape == (2, 32, h // patch, w // patch)
+    for out in outs:  # inputs are corner-padded to whole patches
+        assert out.shape == (2, 32, -(-h // patch), -(-w // patch))
 
 
 @pytest.mark.parametrize('out_type,shape', [('raw', (2, 1 + 4 + 16, 32)), ('cls_token', (2, 32)),
@@ -44,7 +44,7 @@ def test_high_resolution_position_grids(family, size):
     model = VisionTransformer(TINY, family=family)
     tokens, hw = model.prepare_tokens(torch.randn(1, 3, size, size if size != 1024 else 512))
     patch = model.patch_size
-    assert hw == (size // patch, (size if size != 1024 else 512) // patch)
+    assert hw == (-(-size // patch), -(-(size if size != 1024 else 512) // patch))
     assert tokens.shape[1] == 1 + hw[0] * hw[1]
 
 
@@ -121,3 +121,58 @@ def test_bad_configs_fail_clearly():
         VisionTransformer(TINY, with_cls_token=False, out_type='cls_token')
     with pytest.raises(IndexError):
         VisionTransformer(TINY, out_indices=[7])
+
+
+def _hub_register_interpolation(pos: torch.Tensor, src: int, hw) -> torch.Tensor:
+    """The DINOv2 hub's interpolate_pos_encoding with interpolate_offset=0.0 and
+    interpolate_antialias=True (dinov2_vit*14_reg), on the patch rows."""
+    import torch.nn.functional as F
+    dim = pos.shape[-1]
+    grid = F.interpolate(pos.float().reshape(1, src, src, dim).permute(0, 3, 1, 2), size=hw,
+                         mode='bicubic', antialias=True)
+    return grid.permute(0, 2, 3, 1).reshape(1, -1, dim)
+
+
+def test_dinov2_interpolation_follows_the_registers():
+    plain = VisionTransformer(TINY, family='dinov2', img_size=56)
+    reg = VisionTransformer(TINY, family='dinov2', img_size=56, num_reg_tokens=4)
+    assert plain.pos_interp == 'dinov2' and reg.pos_interp == 'dinov2_reg'
+    assert reg.pos_interp_source == "family 'dinov2' default with 4 register tokens"
+    # Explicit choices win; other families keep theirs with registers.
+    forced = VisionTransformer(TINY, family='dinov2', img_size=56, num_reg_tokens=4,
+                               pos_interp='dinov2')
+    assert forced.pos_interp == 'dinov2' and forced.pos_interp_source == 'explicit'
+    assert VisionTransformer(TINY, family='deit', img_size=32, num_reg_tokens=2).pos_interp == \
+        'bicubic'
+    # The register mode is the hub formula (size=, antialias), not the plain one.
+    for hw in ((6, 5), (9, 9), (3, 7)):
+        got = reg.patch_pos_embed(hw, 'cpu', torch.float32)
+        torch.testing.assert_close(got, _hub_register_interpolation(reg.pos_embed[:, 1:], 4, hw),
+                                   atol=1e-6, rtol=0)
+        plain.load_state_dict({k: v for k, v in reg.state_dict().items() if k != 'reg_token'})
+        assert (plain.patch_pos_embed(hw, 'cpu', torch.float32) - got).abs().max() > 1e-3
+
+
+def test_dinov2_register_interpolation_is_reported_at_load(tmp_path):
+    src = VisionTransformer(TINY, family='dinov2', img_size=56, num_reg_tokens=4)
+    path = str(tmp_path / 'reg.pth')
+    torch.save(src.state_dict(), path)
+    model = VisionTransformer(TINY, family='dinov2', img_size=56, num_reg_tokens=4,
+                              pretrained=path)
+    model.init_weights()
+    assert any("pos_interp='dinov2_reg' (family 'dinov2' default with 4 register tokens"
+               in note for note in model.load_report.notes), model.load_report.notes
+
+
+def test_position_grid_is_the_padded_token_grid():
+    """img_size=512 at patch 14 is a 37 x 37 token grid (corner padding), the hub's grid: a
+    hub checkpoint is resampled neither at load nor for 512 inputs."""
+    hub = VisionTransformer(TINY, family='dinov2')  # 518: 37 x 37
+    model = VisionTransformer(TINY, family='dinov2', img_size=512)
+    assert model.pos_grid == hub.pos_grid == (37, 37)
+    model.load_state_dict(hub.state_dict())
+    torch.testing.assert_close(model.pos_embed, hub.pos_embed, atol=0, rtol=0)
+    _, hw = model.prepare_tokens(torch.zeros(1, 3, 512, 512))
+    assert hw == (37, 37)
+    torch.testing.assert_close(model.patch_pos_embed(hw, 'cpu', torch.float32),
+                               hub.pos_embed[:, 1:], atol=0, rtol=0)

@@ -136,7 +136,9 @@ def test_other_grid_is_resampled_but_non_square_count_is_not():
     model = VisionTransformer(arch=tiny_arch(), family='dinov2', img_size=98, num_reg_tokens=4)
     load_pretrained(model, ckpt)
     assert model.pos_grid == (7, 7)
-    expected = resample_pos_grid(ckpt['pos_embed'][:, 1:], (4, 4), (7, 7), 'dinov2')
+    # With registers the family default is the hub's register interpolation.
+    assert model.pos_interp == 'dinov2_reg'
+    expected = resample_pos_grid(ckpt['pos_embed'][:, 1:], (4, 4), (7, 7), 'dinov2_reg')
     assert torch.allclose(model.pos_embed[:, 1:], expected)
     bad = dict(ckpt, pos_embed=torch.zeros(1, 1 + 15, 96))
     fresh = VisionTransformer(arch=tiny_arch(), family='dinov2', img_size=98, num_reg_tokens=4)
