@@ -11,5 +11,8 @@ model = dict(
     student=dict(
         backbone=dict(arch='t', drop_path_rate=0.0),
         head=dict(num_classes=10, in_channels=192)),
-    teacher=dict(arch='t', pretrained='checkpoints/deit_tiny_patch16_224-a1311bcf.pth'))
+    teacher=dict(arch='t', pretrained='checkpoints/deit_tiny_patch16_224-a1311bcf.pth'),
+    # The frozen DeiT teacher was trained on ImageNet statistics; the batch is normalised
+    # with the CIFAR-10 ones (cifar10_bs64.py) for the student and converted for the teacher.
+    teacher_input_norm=dict(mean=[123.675, 116.28, 103.53], std=[58.395, 57.12, 57.375]))
 auto_scale_lr = dict(base_batch_size=512)

@@ -13,8 +13,10 @@
 #   * L_mask: Smooth L1 between the final student features (norm_f) projected 768 -> 768 by
 #     the LinearConnector 'proj' and the teacher's final features, at the masked patches.
 # Other softmax teachers (DeiT-III, MAE, ...): set model.teacher.family / arch and
-# teacher_checkpoint (any layout mmlinvit.converters reads); the teacher's token layout comes
-# from its backbone, the connector's out_channels must be the teacher width.
+# teacher_checkpoint (any layout mmlinvit.converters reads), and model.teacher_input_norm=None
+# (they were trained on the data preprocessor's ImageNet statistics, CLIP on its own); the
+# teacher's token layout comes from its backbone, the connector's out_channels must be the
+# teacher width.
 # The connector and the teacher are not part of the result: ExportStudentHook writes the
 # Adventurer alone to <work_dir>/student_backbone.pth, which the fine-tuning configs load
 # (adventurer-b_in1k-224_finetune.py, upernet_adventurer-b_*.py).

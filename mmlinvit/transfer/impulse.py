@@ -19,7 +19,10 @@ an MSE loss, needed to fit in a few hundred steps):
 
 * The loss is the cross-entropy between each map row and its one-hot target, over the queries
   whose target lies inside the grid (border queries of a shift have no target and are left
-  free; MSE toward their all-zero rows stalls at large grids).
+  free; MSE toward their all-zero rows stalls at large grids).  ``fit_loss='mse'`` fits the
+  paper's way instead: the mean squared error between the whole map and the impulse matrix
+  (one-hot rows, all-zero rows for border queries); with ``steps=10000, lr=1e-4`` that is the
+  paper's fit.
 * One (W_q, W_k) pair is fitted per shift of the window (a *bank*, all shifts jointly), not
   per head: heads that draw the same shift get ``W_q R, W_k R`` with a random orthogonal
   ``R`` (d x d), which leaves the map unchanged while keeping the weights of heads distinct.
@@ -43,6 +46,8 @@ from .base import TRANSFER_STRATEGIES, AttentionInitStrategy, TransferReport
 DEFAULT_IMPULSE_CACHE = os.path.join(os.path.expanduser('~'), '.cache', 'mmlinvit', 'impulse')
 #: Bumped whenever the fit changes, so stale cache entries are not reused.
 _FIT_VERSION = 1
+#: Losses of the bank fit.
+FIT_LOSSES = ('cross_entropy', 'mse')
 
 
 def impulse_shifts(window: int) -> List[Tuple[int, int]]:
@@ -90,7 +95,7 @@ def impulse_peak_fraction(attn: torch.Tensor, grid: Tuple[int, int],
 
 def fit_impulse_bank(tokens: torch.Tensor, grid: Tuple[int, int], head_dims: int,
                      shifts: Sequence[Tuple[int, int]], steps: int, lr: float,
-                     seed: int) -> Dict[str, Any]:
+                     seed: int, fit_loss: str = 'cross_entropy') -> Dict[str, Any]:
     """Fits one (W_q, W_k) pair per shift so that the softmax map is the impulse pattern.
 
     Args:
@@ -101,10 +106,14 @@ def fit_impulse_bank(tokens: torch.Tensor, grid: Tuple[int, int], head_dims: int
         steps: Adam steps.
         lr: Adam learning rate.
         seed: Seed of the initial weights.
+        fit_loss: ``'cross_entropy'`` (rows with an in-grid target) or ``'mse'`` (the
+            paper's: the whole map against the impulse matrix).
 
     Returns:
         dict(wq=(S, C, d), wk=(S, C, d), loss=final loss, peak=per-shift peak fractions).
     """
+    if fit_loss not in FIT_LOSSES:
+        raise ValueError(f'Unknown fit_loss {fit_loss!r}; available: {FIT_LOSSES}')
     n, c = tokens.shape
     if n != grid[0] * grid[1]:
         raise ValueError(f'{n} position tokens do not match the {grid[0]}x{grid[1]} grid')
@@ -117,6 +126,7 @@ def fit_impulse_bank(tokens: torch.Tensor, grid: Tuple[int, int], head_dims: int
     wk.requires_grad_(True)
     targets = torch.stack([impulse_targets(grid, s) for s in shifts]).to(tokens.device)
     valid = targets >= 0
+    impulse = F.one_hot(targets.clamp(min=0), n).to(tokens.dtype) * valid.unsqueeze(-1)
     scale = head_dims**-0.5
 
     def logits() -> torch.Tensor:
@@ -131,9 +141,12 @@ def fit_impulse_bank(tokens: torch.Tensor, grid: Tuple[int, int], head_dims: int
     loss = torch.zeros(())
     for step in range(1, steps + 1):
         with torch.enable_grad():
-            log_prob = logits().log_softmax(-1)
-            picked = log_prob.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
-            loss = -picked[valid].mean()
+            if fit_loss == 'mse':
+                loss = (logits().softmax(-1) - impulse).square().mean()
+            else:
+                log_prob = logits().log_softmax(-1)
+                picked = log_prob.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+                loss = -picked[valid].mean()
             grads = torch.autograd.grad(loss, params)
         with torch.no_grad():
             for p, g, m, v in zip(params, grads, first, second):
@@ -148,10 +161,12 @@ def fit_impulse_bank(tokens: torch.Tensor, grid: Tuple[int, int], head_dims: int
 
 
 def _cache_key(tokens: torch.Tensor, grid: Tuple[int, int], head_dims: int, window: int,
-               steps: int, lr: float, seed: int) -> str:
-    meta = json.dumps(dict(version=_FIT_VERSION, shape=list(tokens.shape), grid=list(grid),
-                           head_dims=head_dims, window=window, steps=steps, lr=lr, seed=seed),
-                      sort_keys=True)
+               steps: int, lr: float, seed: int, fit_loss: str = 'cross_entropy') -> str:
+    meta = dict(version=_FIT_VERSION, shape=list(tokens.shape), grid=list(grid),
+                head_dims=head_dims, window=window, steps=steps, lr=lr, seed=seed)
+    if fit_loss != 'cross_entropy':  # keeps the keys of existing cross-entropy banks
+        meta['fit_loss'] = fit_loss
+    meta = json.dumps(meta, sort_keys=True)
     digest = hashlib.sha256(meta.encode())
     digest.update(tokens.detach().float().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()
@@ -159,7 +174,8 @@ def _cache_key(tokens: torch.Tensor, grid: Tuple[int, int], head_dims: int, wind
 
 def load_or_fit_impulse_bank(tokens: torch.Tensor, grid: Tuple[int, int], head_dims: int,
                              window: int, steps: int, lr: float, seed: int,
-                             cache_dir: Optional[str]) -> Dict[str, Any]:
+                             cache_dir: Optional[str],
+                             fit_loss: str = 'cross_entropy') -> Dict[str, Any]:
     """:func:`fit_impulse_bank` over all window shifts, through the on-disk cache.
 
     Args:
@@ -171,6 +187,7 @@ def load_or_fit_impulse_bank(tokens: torch.Tensor, grid: Tuple[int, int], head_d
         lr: Adam learning rate.
         seed: Seed of the fit.
         cache_dir: Cache folder, or ``None`` to always fit and store nothing.
+        fit_loss: See :func:`fit_impulse_bank`.
 
     Returns:
         The bank dict plus ``shifts``, ``cache_file`` (or ``None``) and ``cache_hit``.
@@ -178,13 +195,13 @@ def load_or_fit_impulse_bank(tokens: torch.Tensor, grid: Tuple[int, int], head_d
     shifts = impulse_shifts(window)
     path = None
     if cache_dir is not None:
-        key = _cache_key(tokens, grid, head_dims, window, steps, lr, seed)
+        key = _cache_key(tokens, grid, head_dims, window, steps, lr, seed, fit_loss)
         path = os.path.join(cache_dir, f'impulse_{key[:24]}.pt')
         if os.path.isfile(path):
             bank = torch.load(path, map_location='cpu', weights_only=True)
             bank.update(cache_file=path, cache_hit=True, shifts=shifts)
             return bank
-    bank = fit_impulse_bank(tokens, grid, head_dims, shifts, steps, lr, seed)
+    bank = fit_impulse_bank(tokens, grid, head_dims, shifts, steps, lr, seed, fit_loss)
     if path is not None:
         os.makedirs(cache_dir, exist_ok=True)
         tmp = f'{path}.{os.getpid()}.tmp'
@@ -213,6 +230,8 @@ class ImpulseInit(AttentionInitStrategy):
         cache_dir: Folder of cached banks; ``None`` uses :data:`DEFAULT_IMPULSE_CACHE`.
         use_cache: Set ``False`` to always fit and write nothing to disk.
         base: Copy strategy applied first (``'random'`` or ``'mlp_copy'``).
+        fit_loss: ``'cross_entropy'`` (default, converges in a few hundred steps) or
+            ``'mse'`` (the paper's; with ``steps=10000, lr=1e-4`` its whole fit).
     """
 
     name = 'impulse'
@@ -224,7 +243,8 @@ class ImpulseInit(AttentionInitStrategy):
                  seed: int = 0,
                  cache_dir: Optional[str] = None,
                  use_cache: bool = True,
-                 base: Union[str, dict] = 'random') -> None:
+                 base: Union[str, dict] = 'random',
+                 fit_loss: str = 'cross_entropy') -> None:
         super().__init__(base)
         impulse_shifts(window)  # validates the window
         if steps < 1:
@@ -232,6 +252,9 @@ class ImpulseInit(AttentionInitStrategy):
         self.window = window
         self.steps = steps
         self.lr = lr
+        if fit_loss not in FIT_LOSSES:
+            raise ValueError(f'Unknown fit_loss {fit_loss!r}; available: {FIT_LOSSES}')
+        self.fit_loss = fit_loss
         self.seed = seed
         self.cache_dir = (cache_dir or DEFAULT_IMPULSE_CACHE) if use_cache else None
 
@@ -262,7 +285,8 @@ class ImpulseInit(AttentionInitStrategy):
         c, heads = student.embed_dims, student.num_heads
         d = student.blocks[0].attn.head_dims
         bank = load_or_fit_impulse_bank(self.position_tokens(student), grid, d, self.window,
-                                        self.steps, self.lr, self.seed, self.cache_dir)
+                                        self.steps, self.lr, self.seed, self.cache_dir,
+                                        self.fit_loss)
         shifts = bank['shifts']
         gen = torch.Generator().manual_seed(self.seed)
         written = set()
@@ -287,5 +311,5 @@ class ImpulseInit(AttentionInitStrategy):
         return written
 
     def options(self) -> Dict[str, Any]:
-        return dict(window=self.window, steps=self.steps, lr=self.lr, seed=self.seed,
-                    cache_dir=self.cache_dir, **super().options())
+        return dict(window=self.window, steps=self.steps, lr=self.lr, fit_loss=self.fit_loss,
+                    seed=self.seed, cache_dir=self.cache_dir, **super().options())

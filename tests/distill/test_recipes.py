@@ -1,7 +1,9 @@
 """Every recipe config builds and trains a few iterations through ``Runner.from_cfg``.
 
 The AdaLA stages are chained as in real use: Stage 2 starts from the Stage-1 checkpoint
-(``load_from``), Stage 3 loads the ``student.*`` keys of the Stage-2 checkpoint.
+(``load_from``), Stage 3 loads the ``student.*`` keys of the Stage-2 checkpoint.  The earlier
+stages are module fixtures, so every test stands alone (``-k``, any order): a Stage-3 test run
+by itself trains Stages 1 and 2 first.
 """
 import math
 import os.path as osp
@@ -11,8 +13,10 @@ import torch
 from mmengine.config import Config
 from mmengine.runner import Runner
 
-from distill_testing import (CONFIGS, RECIPE_CONFIGS, LossRecorderHook, save_tiny_vit_checkpoint,
-                             shrink_config, tiny_arch, write_image_folder)
+from mmlinvit.layers.attention import ATTENTION_OPERATORS
+from distill_testing import (CONFIGS, COPY_MLP_CONFIGS, RECIPE_CONFIGS, LossRecorderHook,
+                             save_tiny_vit_checkpoint, shrink_config, tiny_arch,
+                             write_image_folder)
 
 
 @pytest.fixture(scope='module')
@@ -25,7 +29,7 @@ def assets(tmp_path_factory):
         clip=save_tiny_vit_checkpoint(str(root / 'clip_tiny.pth'), family='clip', seed=2,
                                       arch=tiny_arch(embed_dims=24)),
     )
-    return dict(root=root, data=data, ckpts=ckpts, work_dirs={})
+    return dict(root=root, data=data, ckpts=ckpts)
 
 
 def run_recipe(name, assets, **shrink_kwargs):
@@ -36,7 +40,6 @@ def run_recipe(name, assets, **shrink_kwargs):
     recorder = LossRecorderHook()
     runner.register_hook(recorder)
     runner.train()
-    assets['work_dirs'][name] = work_dir
     assert recorder.history, 'no training iteration ran'
     for step in recorder.history:
         assert all(math.isfinite(v) for v in step.values()), step
@@ -45,10 +48,36 @@ def run_recipe(name, assets, **shrink_kwargs):
     return runner, recorder.history, ckpt
 
 
-def test_adala_stage1(assets):
+@pytest.fixture(scope='module')
+def stage1(assets):
+    """AdaLA Stage 1 on the tiny DINOv2 pair: dict(work_dir, history, ckpt)."""
     ckpts = assets['ckpts']
-    runner, history, ckpt = run_recipe(RECIPE_CONFIGS[0], assets, student_ckpt=ckpts['dinov2'],
-                                       teacher_ckpt=ckpts['dinov2'])
+    _, history, ckpt = run_recipe(RECIPE_CONFIGS[0], assets, student_ckpt=ckpts['dinov2'],
+                                  teacher_ckpt=ckpts['dinov2'])
+    work_dir = str(assets['root'] / osp.splitext(osp.basename(RECIPE_CONFIGS[0]))[0])
+    return dict(work_dir=work_dir, history=history, ckpt=ckpt)
+
+
+@pytest.fixture(scope='module')
+def stage2(assets, stage1):
+    """AdaLA Stage 2 started from the Stage-1 checkpoint: dict(work_dir, history)."""
+    stage1_ckpt = osp.join(stage1['work_dir'], 'epoch_1.pth')
+    cfg = Config.fromfile(osp.join(CONFIGS, RECIPE_CONFIGS[1]))
+    assert cfg.load_from.endswith('epoch_4.pth')
+    # re-run with the tiny Stage-1 checkpoint as load_from
+    work_dir = str(assets['root'] / 'stage2')
+    shrink_config(cfg, assets['data'], work_dir, teacher_ckpt=assets['ckpts']['dinov2'])
+    cfg.load_from = stage1_ckpt
+    runner = Runner.from_cfg(cfg)
+    recorder = LossRecorderHook()
+    runner.register_hook(recorder)
+    runner.train()
+    return dict(work_dir=work_dir, history=recorder.history, stage1_ckpt=stage1_ckpt)
+
+
+def test_adala_stage1(assets, stage1):
+    ckpts = assets['ckpts']
+    history, ckpt = stage1['history'], stage1['ckpt']
     assert {'distill.loss_attn_out', 'distill.gap_attn_out'} <= set(history[0])
     # only the attention weights moved away from the DINOv2 initialisation
     init = torch.load(ckpts['dinov2'])
@@ -59,26 +88,12 @@ def test_adala_stage1(assets):
     assert torch.equal(state['student.patch_embed.proj.weight'], init['patch_embed.proj.weight'])
 
 
-def test_adala_stage2_starts_from_stage1(assets):
-    stage1_dir = assets['work_dirs'].get(RECIPE_CONFIGS[0])
-    if stage1_dir is None:
-        pytest.skip('needs test_adala_stage1')
-    stage1 = osp.join(stage1_dir, 'epoch_1.pth')
-    cfg_overrides = dict(teacher_ckpt=assets['ckpts']['dinov2'])
-    cfg = Config.fromfile(osp.join(CONFIGS, RECIPE_CONFIGS[1]))
-    assert cfg.load_from.endswith('epoch_4.pth')
-    # re-run with the tiny Stage-1 checkpoint as load_from
-    name = RECIPE_CONFIGS[1]
-    work_dir = str(assets['root'] / 'stage2')
-    shrink_config(cfg, assets['data'], work_dir, **cfg_overrides)
-    cfg.load_from = stage1
-    runner = Runner.from_cfg(cfg)
-    recorder = LossRecorderHook()
-    runner.register_hook(recorder)
-    stage1_state = torch.load(stage1, map_location='cpu', weights_only=False)['state_dict']
-    runner.train()
-    assets['work_dirs'][name] = work_dir
-    assert {'distill.loss_feat', 'distill.gap_feat'} <= set(recorder.history[0])
+def test_adala_stage2_starts_from_stage1(stage2):
+    work_dir = stage2['work_dir']
+    history = stage2['history']
+    stage1_state = torch.load(stage2['stage1_ckpt'], map_location='cpu',
+                              weights_only=False)['state_dict']
+    assert {'distill.loss_feat', 'distill.gap_feat'} <= set(history[0])
     # the first step's student is the Stage-1 student: its final features differ from the
     # teacher's (no longer identical weights), and everything trains in Stage 2
     state = torch.load(osp.join(work_dir, 'epoch_1.pth'), map_location='cpu',
@@ -88,10 +103,8 @@ def test_adala_stage2_starts_from_stage1(assets):
 
 
 @pytest.mark.parametrize('name', RECIPE_CONFIGS[2:4])
-def test_adala_stage3_loads_the_stage2_student(assets, name):
-    stage2_dir = assets['work_dirs'].get(RECIPE_CONFIGS[1])
-    if stage2_dir is None:
-        pytest.skip('needs test_adala_stage2_starts_from_stage1')
+def test_adala_stage3_loads_the_stage2_student(assets, stage2, name):
+    stage2_dir = stage2['work_dir']
     exported = osp.join(stage2_dir, 'student_backbone.pth')
     runner, history, ckpt = run_recipe(name, assets, student_ckpt=exported)
     stage2_state = torch.load(osp.join(stage2_dir, 'epoch_1.pth'), map_location='cpu',
@@ -108,7 +121,7 @@ def test_adala_stage3_loads_the_stage2_student(assets, name):
                 assert torch.equal(value, stage2_state['student.' + key[len('backbone.'):]]), key
 
 
-@pytest.mark.parametrize('name', RECIPE_CONFIGS[4:8])
+@pytest.mark.parametrize('name', COPY_MLP_CONFIGS)
 def test_copy_mlp_distill_attn(assets, name):
     runner, history, ckpt = run_recipe(name, assets, teacher_ckpt=assets['ckpts']['deit'])
     with_distill = '_distill-attn_' in name
@@ -121,6 +134,14 @@ def test_copy_mlp_distill_attn(assets, name):
     report = runner.model.transfer_report
     assert 'blocks.0.mlp.fc1.weight' in report.copied
     assert 'blocks.0.attn.qkv.weight' not in report.copied
+    operator = name.split('/')[1].split('_')[1]
+    backbone = runner.model.student_backbone()
+    assert isinstance(backbone.blocks[0].attn, ATTENTION_OPERATORS.get(operator))
+    if operator in ('mhla', 'ttt'):  # the paper's setting, distilled on patch tokens
+        assert not backbone.with_cls_token and backbone.num_prefix_tokens == 0
+        assert backbone.pos_embed_type == 'sincos' and backbone.pos_embed is None
+        assert backbone.out_type == 'avg_featmap'
+        assert runner.model.distill_losses['attn_out'].patch_tokens_only
     assert 'student.head.fc.weight' in ckpt['state_dict']
     # validation ran through the student (predict delegation)
     assert any(k.startswith('val/accuracy') for k in runner.message_hub.log_scalars)
@@ -137,12 +158,10 @@ def test_linearizer(assets):
     assert 'mask_token' in state and int(state['mask_step']) == len(history)
 
 
-def test_stage2_exports_the_student_and_its_checkpoint_keys_strip(assets):
+def test_stage2_exports_the_student_and_its_checkpoint_keys_strip(assets, stage2):
     from mmlinvit.backbones import LinearVisionTransformer
     from mmlinvit.converters import load_pretrained
-    stage2_dir = assets['work_dirs'].get(RECIPE_CONFIGS[1])
-    if stage2_dir is None:
-        pytest.skip('needs test_adala_stage2_starts_from_stage1')
+    stage2_dir = stage2['work_dir']
     runner_state = torch.load(osp.join(stage2_dir, 'epoch_1.pth'), map_location='cpu',
                               weights_only=False)['state_dict']
     exported = torch.load(osp.join(stage2_dir, 'student_backbone.pth'), weights_only=True)

@@ -15,6 +15,7 @@ Two properties, each with a control showing the check can fail:
 import pytest
 import torch
 from mmengine.config import Config
+from mmengine.registry import DefaultScope
 
 from mmlinvit.registry import MODELS
 from linearizer_testing import (DISTILL_CONFIG, IMG_SIZE, PATCH, TEACHER_ARCH, config_path,
@@ -24,8 +25,11 @@ GRID = IMG_SIZE // PATCH
 
 
 def build_model(**overrides):
-    """The distillation model of the real Adventurer config at tiny size (random teacher)."""
-    cfg = Config.fromfile(config_path(DISTILL_CONFIG)).model
+    """The distillation model of the real Adventurer config at tiny size (random teacher),
+    with the config's data preprocessor as the Runner gives it."""
+    full = Config.fromfile(config_path(DISTILL_CONFIG))
+    cfg = full.model
+    cfg.data_preprocessor = full.data_preprocessor
     cfg.student.update(arch=student_arch(), img_size=IMG_SIZE, patch_size=PATCH)
     cfg.teacher.update(arch=dict(TEACHER_ARCH), img_size=IMG_SIZE, patch_size=PATCH,
                        pretrained=None)
@@ -35,7 +39,8 @@ def build_model(**overrides):
                                out_channels=TEACHER_ARCH['embed_dims'])
     cfg.update(overrides)
     torch.manual_seed(0)
-    model = MODELS.build(cfg.to_dict())
+    with DefaultScope.overwrite_default_scope('mmpretrain'):
+        model = MODELS.build(cfg.to_dict())
     return model.eval()
 
 
@@ -241,8 +246,12 @@ def test_other_teacher_layouts(family, batch, tmp_path):
     path = str(tmp_path / f'{family}.pth')
     torch.save({'model': teacher.state_dict()}, path)
     cfg = Config.fromfile(config_path(DISTILL_CONFIG)).model
+    # these teachers were trained on the data preprocessor's ImageNet statistics: no CLIP
+    # teacher_input_norm
     model = build_model(teacher=dict(cfg.teacher, family=family, arch=dict(TEACHER_ARCH),
-                                     img_size=IMG_SIZE, patch_size=PATCH, pretrained=path))
+                                     img_size=IMG_SIZE, patch_size=PATCH, pretrained=path),
+                        teacher_input_norm=None)
+    assert model.teacher_input_norm is None
     for key, value in teacher.state_dict().items():
         assert torch.equal(model.teacher.state_dict()[key], value), key
     assert model.token_layouts['teacher'] == (1, 0)

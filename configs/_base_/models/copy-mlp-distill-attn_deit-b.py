@@ -5,6 +5,11 @@
 #
 # The three axes are config keys:
 #   operator      model.student.backbone.attn_cfg     'elu' | 'relu' | 'inline' | 'mhla' | 'ttt'
+#                 (MHLA / TTT run as in the paper without a class token, with sin-cos positions
+#                 and average pooling, distilled on patch tokens only: use the *_mhla_* /
+#                 *_ttt_* configs, which set all of it; attn_cfg=mhla alone gets that backbone
+#                 setting with a warning, and the build-time check then asks for
+#                 model.distill_losses.attn_out.loss.patch_tokens_only=True)
 #   init          model.weight_transfer.strategy      'random' | 'copy' | 'mlp_copy' | 'full_copy'
 #                                                     | 'mimetic' | 'impulse'
 #   distillation  model.distill_losses                keep, or None for "w/o distill"
@@ -20,8 +25,7 @@ model = dict(
             family='deit',
             img_size=224,
             attn_cfg='elu',
-            drop_path_rate=0.1,
-            out_type='cls_token'),
+            drop_path_rate=0.1),  # out_type: cls_token, or avg_featmap without one
         neck=None,
         head=dict(
             type='LinearClsHead',

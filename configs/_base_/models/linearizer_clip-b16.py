@@ -22,6 +22,13 @@ model = dict(
     teacher_recorders=dict(
         stages=dict(type='ModuleOutputs', source='blocks.{i}', indices=[2, 5, 8, 11]),
         final=dict(type='ModuleOutputs', source='norm')),
+    # The teacher sees OpenAI CLIP's own input statistics (CLIP's preprocess normalises 0-1
+    # pixels with mean (0.48145466, 0.4578275, 0.40821073), std (0.26862954, 0.26130258,
+    # 0.27577711)), here in the data preprocessor's 0-255 units; the student keeps the data
+    # preprocessor's statistics and the teacher's batch is converted from them on the fly.
+    teacher_input_norm=dict(
+        mean=[0.48145466 * 255, 0.4578275 * 255, 0.40821073 * 255],
+        std=[0.26862954 * 255, 0.26130258 * 255, 0.27577711 * 255]),
     patch_masking=dict(ratio=0.75, seed=0),
     connectors=dict(proj=dict(type='mmlinvit.LinearConnector', in_channels=None,
                               out_channels=768)),

@@ -13,7 +13,9 @@ data_preprocessor = dict(
     size=(512, 512))
 embed_dims = 768
 model = dict(
-    type='EncoderDecoder',
+    # mmseg's EncoderDecoder that pads inputs to a multiple of the patch size and crops the
+    # logits back, so predictions stay aligned at any image size (mmlinvit/models/segmentors.py).
+    type='mmlinvit.EncoderDecoder',
     data_preprocessor=data_preprocessor,
     backbone=dict(
         type='mmlinvit.VisionTransformer',

@@ -20,9 +20,16 @@ same matrix as for KV_b.)  The normaliser uses
 divide by zero.
 
 ``block_mixing`` is shared by all heads by default (as the public code's single 1 x 1 conv),
-or one matrix per head with ``per_head_mixing=True``.  Init: block centres c_a = (row + 0.5,
-col + 0.5) in block units, d_ab = |c_a - c_b|, m_a = softmax_b(-d_ab / tau) (rows sum to 1,
-the own block gets the largest weight).  m is then learned freely.
+or one matrix per head with ``per_head_mixing=True``.  Init (``mixing_init``): block centres
+c_a = (row + 0.5, col + 0.5) in block units, d_ab = |c_a - c_b|, and
+
+* ``'softmax'`` (default): m_a = softmax_b(-d_ab / tau) (rows sum to 1, the own block gets the
+  largest weight);
+* ``'cos'``: the public MHLA code's default (``BlockDistanceConv(transform='cos')``):
+  m_ab = cos(d_ab / max(d) * pi / 4), each column b divided by its sum.  Flatter: on the 2 x 2
+  grid the own block gets 0.29 (``'softmax'``: 0.51).
+
+m is then learned freely.
 
 Prefix tokens (class / register; seed-000 MHLA models have none, but they are supported):
 prefix keys form a global group mixed into every block's summary with weight 1 (not learned),
@@ -33,16 +40,20 @@ Local branch: a 5 x 5 depthwise convolution (with bias) of V on the patch grid, 
 attention output before ``proj`` (zero for prefix tokens).  Its weight is named
 ``local_conv.weight`` (C, 1, 5, 5) and keeps PyTorch's default Conv2d init, as the public code.
 """
+import math
 from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
 
 from mmlinvit.ops.feature_maps import get_feature_map
-from .base import ATTENTION_OPERATORS, AttentionOperator
+from .base import ATTENTION_OPERATORS, NO_CLS_SINCOS_AVG_POOL, AttentionOperator
 from .grid import (check_patch_grid, depthwise_conv2d, depthwise_conv2d_reference,
                    grid_to_heads, heads_to_grid)
 from .kernel_linear import signed_safe_denominator
+
+#: Block-mixing inits (see the module docstring).
+MIXING_INITS = ('softmax', 'cos')
 
 
 def block_centre_mixing(block_grid: Tuple[int, int], tau: float = 1.0) -> torch.Tensor:
@@ -61,6 +72,25 @@ def block_centre_mixing(block_grid: Tuple[int, int], tau: float = 1.0) -> torch.
     centres = torch.stack([rows.flatten(), cols.flatten()], dim=-1)
     dist = torch.cdist(centres, centres)
     return (-dist / tau).softmax(dim=-1)
+
+
+def block_centre_mixing_cos(block_grid: Tuple[int, int]) -> torch.Tensor:
+    """The public MHLA code's init: ``cos(d_ab / max(d) * pi / 4)``, columns summing to 1.
+
+    Args:
+        block_grid: (gh, gw) blocks per side.
+
+    Returns:
+        (gh * gw, gh * gw) float32 matrix (all ones on a 1 x 1 grid).
+    """
+    gh, gw = block_grid
+    rows, cols = torch.meshgrid(torch.arange(gh, dtype=torch.float32) + 0.5,
+                                torch.arange(gw, dtype=torch.float32) + 0.5, indexing='ij')
+    centres = torch.stack([rows.flatten(), cols.flatten()], dim=-1)
+    dist = torch.cdist(centres, centres)
+    max_dist = float(dist.max())
+    mat = torch.cos(dist / max_dist * math.pi / 4) if max_dist > 0 else torch.ones_like(dist)
+    return mat / mat.sum(dim=0, keepdim=True)
 
 
 def patch_block_index(hw_shape: Tuple[int, int], block_grid: Tuple[int, int],
@@ -95,12 +125,16 @@ class MultiHeadLinearAttention(AttentionOperator):
         block_grid: (gh, gw) blocks, or an int n for an n x n split.  Default 2 x 2 (4 blocks,
             7 x 7 each on a 14 x 14 grid).
         per_head_mixing: One mixing matrix per head instead of one shared matrix.
-        mixing_tau: Temperature of the block-centre-distance init.
+        mixing_tau: Temperature of the ``'softmax'`` block-centre-distance init.
+        mixing_init: ``'softmax'`` or ``'cos'`` (the public MHLA code's); module docstring.
         feature_map: ``'relu'`` (seed 000) or ``'elu'``.
         local_kernel_size: Side of the depthwise conv on V (odd); 0 disables the branch.
         eps: Normaliser epsilon (on the 1/N-scaled normaliser).
         **kwargs: Base :class:`AttentionOperator` options.
     """
+
+    #: Seed 000 runs MHLA without a class token, with sin-cos positions and average pooling.
+    paper_backbone_setting = NO_CLS_SINCOS_AVG_POOL
 
     def __init__(self,
                  embed_dims: int,
@@ -108,6 +142,7 @@ class MultiHeadLinearAttention(AttentionOperator):
                  block_grid: Union[int, Sequence[int]] = (2, 2),
                  per_head_mixing: bool = False,
                  mixing_tau: float = 1.0,
+                 mixing_init: str = 'softmax',
                  feature_map: str = 'relu',
                  local_kernel_size: int = 5,
                  eps: float = 1e-6,
@@ -124,6 +159,9 @@ class MultiHeadLinearAttention(AttentionOperator):
         if local_kernel_size < 0 or (local_kernel_size and local_kernel_size % 2 == 0):
             raise ValueError(f'local_kernel_size must be odd (or 0 to disable), got '
                              f'{local_kernel_size}')
+        if mixing_init not in MIXING_INITS:
+            raise ValueError(f'Unknown mixing_init {mixing_init!r}; available: {MIXING_INITS}')
+        self.mixing_init = mixing_init
         self.block_grid = block_grid
         self.num_blocks = block_grid[0] * block_grid[1]
         self.per_head_mixing = per_head_mixing
@@ -140,7 +178,10 @@ class MultiHeadLinearAttention(AttentionOperator):
 
     def init_extra_parameters(self) -> None:
         """Block-mixing from block-centre distances; ``local_conv`` keeps its default init."""
-        init = block_centre_mixing(self.block_grid, self.mixing_tau)
+        if self.mixing_init == 'cos':
+            init = block_centre_mixing_cos(self.block_grid)
+        else:
+            init = block_centre_mixing(self.block_grid, self.mixing_tau)
         with torch.no_grad():
             self.block_mixing.copy_(init.expand_as(self.block_mixing))
 

@@ -18,6 +18,10 @@ Config sketch::
                 inputs=dict(student_outputs='student.attn_out',
                             teacher_outputs='teacher.attn_out'))))
 
+A teacher trained with other input statistics than the data preprocessor's gets them with
+``teacher_input_norm=dict(mean=..., std=...)`` (e.g. OpenAI CLIP's, in 0-255 units): its
+batch is converted from the student's normalisation on the fly.
+
 Input specs name a record as ``'student.<recorder>'``, ``'teacher.<recorder>'`` or a context
 entry ``'context.<key>'`` (``patch_mask``, ``student_token_layout``, ``teacher_token_layout``);
 the dict form ``dict(source='student.feat', connector='proj')`` passes a student/teacher record
@@ -40,6 +44,7 @@ from mmengine.logging import print_log
 from mmengine.model import BaseModel, BaseModule
 from mmengine.runner.checkpoint import load_checkpoint
 
+from mmlinvit.layers.patch_embed import patch_grid
 from mmlinvit.registry import MODELS
 from .errors import DistillationConfigError
 from .input_specs import CONTEXT_KEYS, InputSpec, parse_input_spec
@@ -108,6 +113,15 @@ class DistillationModel(BaseModel):
         check_input_size: (H, W) of the build-time dry run that checks every term on real
             records; ``None`` uses the student backbone's ``img_size``.
         check_finite: Stop with an error naming the term when a loss is NaN or inf.
+        teacher_input_norm: ``dict(mean=[...], std=[...])``: the per-channel statistics the
+            teacher was trained with, in the units of the data preprocessor (0-255 for the
+            mmpretrain / mmseg preprocessors), when they differ from the student's (e.g. an
+            OpenAI CLIP teacher under ImageNet statistics).  The batch, normalised by the
+            data preprocessor with the student's ``mean_s`` / ``std_s``, is converted on the
+            fly for the teacher: ``x_t = (x_s * std_s + mean_s - mean_t) / std_t``.  The
+            student statistics are read from the data preprocessor (its ``mean`` / ``std``
+            buffers), so a preprocessor that does not normalise is refused at build time.
+            ``None``: the teacher sees the student's batch.
         data_preprocessor: Data preprocessor config; ``None`` reuses the student's when it
             is a task model.
         init_cfg: mmengine init config.
@@ -130,6 +144,7 @@ class DistillationModel(BaseModel):
                  teacher_token_layout: Optional[Sequence[int]] = None,
                  check_input_size: Optional[Union[int, Sequence[int]]] = None,
                  check_finite: bool = True,
+                 teacher_input_norm: Optional[dict] = None,
                  data_preprocessor: Optional[Union[dict, nn.Module]] = None,
                  init_cfg: Optional[dict] = None) -> None:
         super().__init__(data_preprocessor=data_preprocessor, init_cfg=init_cfg)
@@ -151,6 +166,7 @@ class DistillationModel(BaseModel):
             self.teacher = None
         else:
             self.teacher = self._build_teacher(teacher, teacher_ckpt, teacher_ckpt_layout)
+        self._setup_teacher_input_norm(teacher_input_norm)
 
         self.student_recorders = self._attach_recorders(student_recorders, self.student,
                                                         'student')
@@ -228,6 +244,80 @@ class DistillationModel(BaseModel):
         for param in teacher.parameters():
             param.requires_grad_(False)
         return teacher
+
+    def _student_input_stats(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The (C,) mean and std the data preprocessor normalises the batch with.
+
+        Raises:
+            DistillationConfigError: when the data preprocessor does not normalise.
+        """
+        pre = self.data_preprocessor
+        mean, std = getattr(pre, 'mean', None), getattr(pre, 'std', None)
+        enabled = getattr(pre, '_enable_normalize', mean is not None)
+        if not (enabled and isinstance(mean, torch.Tensor) and isinstance(std, torch.Tensor)):
+            raise DistillationConfigError(
+                f'teacher_input_norm converts the batch normalised with the student statistics '
+                f'into the teacher statistics, but the data preprocessor '
+                f'({type(pre).__name__}) does not normalise, so the student statistics are '
+                f'unknown. Give the model a normalising data preprocessor, e.g. '
+                f"data_preprocessor=dict(type='ClsDataPreprocessor', mean=[123.675, 116.28, "
+                f'103.53], std=[58.395, 57.12, 57.375], to_rgb=True) (top level of an '
+                f'mmpretrain config, or inside the student task model), or drop '
+                f'teacher_input_norm')
+        return mean.detach().flatten().float(), std.detach().flatten().float()
+
+    def _setup_teacher_input_norm(self, cfg: Optional[dict]) -> None:
+        self.teacher_input_norm = None
+        if cfg is None:
+            return
+        if self.teacher is None:
+            raise DistillationConfigError('teacher_input_norm is set but there is no teacher')
+        cfg = dict(cfg)
+        if set(cfg) != {'mean', 'std'}:
+            raise DistillationConfigError(f"teacher_input_norm takes 'mean' and 'std' (both "
+                                          f'required), got keys {sorted(cfg)}')
+        mean_t = torch.as_tensor(cfg['mean'], dtype=torch.float32).flatten()
+        std_t = torch.as_tensor(cfg['std'], dtype=torch.float32).flatten()
+        mean_s, std_s = self._student_input_stats()
+        if not mean_t.numel() == std_t.numel() == mean_s.numel():
+            raise DistillationConfigError(
+                f'teacher_input_norm has {mean_t.numel()} mean and {std_t.numel()} std values, '
+                f'the data preprocessor normalises {mean_s.numel()} channels')
+        if not bool((std_t > 0).all()):
+            raise DistillationConfigError(f'teacher_input_norm.std must be positive, got '
+                                          f'{std_t.tolist()}')
+        # Both sets must be in the same units: a 0-1 set next to a 0-255 one is a typo that
+        # would silently feed the teacher images scaled by 255.  A pixel std is at most 0.5
+        # in 0-1 units and far above 1 in 0-255 units.
+        if (float(std_t.max()) <= 1.0) != (float(std_s.max()) <= 1.0):
+            raise DistillationConfigError(
+                f'teacher_input_norm std {std_t.tolist()} and the data preprocessor std '
+                f'{std_s.tolist()} are in different units (0-1 vs 0-255): give the teacher '
+                f'statistics in the data preprocessor units (e.g. multiply 0-1 statistics by '
+                f'255 for mmpretrain / mmseg preprocessors)')
+        self.teacher_input_norm = dict(mean=mean_t.tolist(), std=std_t.tolist())
+        # Not in checkpoints: rebuilt from the config, like the teacher.
+        self.register_buffer('teacher_mean', mean_t.view(1, -1, 1, 1), persistent=False)
+        self.register_buffer('teacher_std', std_t.view(1, -1, 1, 1), persistent=False)
+
+    def teacher_inputs(self, inputs: torch.Tensor) -> torch.Tensor:
+        """The teacher's view of a preprocessed batch (see ``teacher_input_norm``).
+
+        Args:
+            inputs: (B, C, H, W) batch normalised by the data preprocessor.
+
+        Returns:
+            ``inputs`` itself without ``teacher_input_norm``, else
+            ``(inputs * std_s + mean_s - mean_t) / std_t`` (computed in fp32, returned in the
+            dtype of ``inputs``).
+        """
+        if self.teacher_input_norm is None:
+            return inputs
+        mean_s, std_s = self._student_input_stats()
+        mean_s = mean_s.to(inputs.device).view(1, -1, 1, 1)
+        std_s = std_s.to(inputs.device).view(1, -1, 1, 1)
+        pixels = inputs.float() * std_s + mean_s
+        return ((pixels - self.teacher_mean) / self.teacher_std).to(inputs.dtype)
 
     @staticmethod
     def _attach_recorders(cfgs: Optional[Dict[str, Union[str, dict]]],
@@ -478,7 +568,7 @@ class DistillationModel(BaseModel):
 
     def _sample_patch_mask(self, inputs: torch.Tensor, advance: bool) -> torch.Tensor:
         backbone = self.student
-        grid = (inputs.shape[-2] // backbone.patch_size, inputs.shape[-1] // backbone.patch_size)
+        grid = patch_grid(inputs.shape[-2:], backbone.patch_size)  # corner-padded grid
         num_patches = grid[0] * grid[1]
         num_masked = int(round(self.mask_ratio * num_patches))
         step = int(self.mask_step)
@@ -493,6 +583,7 @@ class DistillationModel(BaseModel):
         return mask.to(inputs.device)
 
     def _run_teacher(self, inputs: torch.Tensor) -> None:
+        inputs = self.teacher_inputs(inputs)
         with torch.no_grad():
             if isinstance(self.teacher, BaseModel):
                 self.teacher(inputs, mode='tensor')
@@ -505,8 +596,7 @@ class DistillationModel(BaseModel):
         if not isinstance(block_inputs, list):
             block_inputs = [block_inputs]
         backbone = self.student
-        hw_shape = (inputs.shape[-2] // backbone.patch_size,
-                    inputs.shape[-1] // backbone.patch_size)
+        hw_shape = patch_grid(inputs.shape[-2:], backbone.patch_size)
         blocks = self.teacher_forcing['blocks']
         for idx, x in zip(recorder.indices, block_inputs):
             block = self.student.get_submodule(f'{blocks}.{idx}')

@@ -1,10 +1,8 @@
-"""The error raised for distillation configs that cannot work (at build time)."""
+"""The error raised for distillation configs that cannot work (at build time).
 
+Defined in the torch-only :mod:`mmlinvit.distill.errors` (recorders raise it too) and
+re-exported here, so both import paths name one class.
+"""
+from mmlinvit.distill.errors import DistillationConfigError
 
-class DistillationConfigError(ValueError):
-    """A distillation config names something missing or incompatible.
-
-    Raised while the :class:`~mmlinvit.models.distill.DistillationModel` is built, before
-    any training step, with the offending names (recorders, modules, loss arguments, shapes)
-    in the message.
-    """
+__all__ = ['DistillationConfigError']
