@@ -12,11 +12,18 @@ One command on a fresh machine (``bash tools/run.sh demo`` installs first)::
    (feature alignment) with the recipes of configs/adala/ scaled down to the tiny model and
    the demo images, then Stage 3: an ELU+1 linear student initialised from Stage 2 and
    fine-tuned with UPerNet (configs/demo/upernet_vit-tiny-elu_toy-64x64.py);
-4. evaluates teacher and student on the validation scenes and prints their IoUs side by side.
+4. evaluates teacher and student on the validation scenes and prints their IoUs side by side;
+   ``predictions.png`` shows image | ground truth | teacher | student;
+5. shows teacher and student on real photographs (scikit-image's astronaut, chelsea, coffee,
+   rocket; ``real_photos.png``): the attention of the centre patch in the last block, the
+   student-minus-teacher difference, the first three principal components of both models'
+   final patch features in the teacher's basis (as RGB) and the per-patch cosine gap;
+6. plots every run's loss terms from the runners' ``vis_data/scalars.json``
+   (``loss_curves.png``).
 
 Everything runs through the same code paths as ``tools/train.py`` (config checks, runners,
-checkpoints); logs, checkpoints, ``predictions.png`` and ``summary.json`` are left under the
-work directory.  ``--quick`` shortens every stage (for the test suite).
+checkpoints); logs, checkpoints, the PNGs and ``summary.json`` are left under the work
+directory.  ``--quick`` shortens every stage (for the test suite).
 """
 import argparse
 import contextlib
@@ -35,6 +42,8 @@ from mmengine.config import Config
 from mmengine.model import is_model_wrapper
 from PIL import Image
 
+from mmlinvit.analysis import (compare_teacher_student, load_photo, save_loss_curves,
+                               save_teacher_student_figure)
 from mmlinvit.datasets import SCENE_CLASSES, SCENE_PALETTE, make_ade20k_layout
 from mmlinvit.engine.launch import build_runner, prepare_train_config
 
@@ -43,6 +52,12 @@ TEACHER_CFG = osp.join(REPO, 'configs/demo/upernet_vit-tiny-softmax_toy-64x64.py
 STUDENT_CFG = osp.join(REPO, 'configs/demo/upernet_vit-tiny-elu_toy-64x64.py')
 STAGE1_CFG = osp.join(REPO, 'configs/adala/vit-adala_stage1_attn-align_dinov2-l_coco-512.py')
 STAGE2_CFG = osp.join(REPO, 'configs/adala/vit-adala_stage2_feat-align_dinov2-l_in22k-512.py')
+
+#: The real photographs of step 5 (shipped inside scikit-image) and their size in pixels.
+PHOTOS = ('astronaut', 'chelsea', 'coffee', 'rocket')
+PHOTO_SIZE = (128, 128)
+#: Column titles of predictions.png.
+PREDICTION_COLUMNS = ('image', 'ground truth', 'teacher (softmax)', 'student (ELU+1 linear)')
 
 #: Lengths of every step (full demo / --quick).
 PLANS = {
@@ -166,14 +181,15 @@ def _distill_stage_config(path: str, backbone: dict, data_root: str, plan: dict,
 
 
 def run_adala(plan: dict, data_root: str, work_dir: str, teacher_cfg: Config,
-              teacher_ckpt: str, seed: int) -> Tuple[str, str]:
+              teacher_ckpt: str, seed: int) -> Tuple[str, str, Dict[str, str]]:
     """Step 3: AdaLA Stages 1 and 2 (the Stage-3 fine-tuning is :func:`train_student`).
 
     Args:
         teacher_ckpt: The teacher's backbone weights (plain tensors).
 
     Returns:
-        The Stage-1 runner checkpoint and the Stage-2 student backbone weights.
+        The Stage-1 runner checkpoint, the Stage-2 student backbone weights and the two
+        runs' log directories (``{'stage1': ..., 'stage2': ...}``).
     """
     tb = teacher_cfg.model.backbone
     backbone = dict(arch=dict(tb.arch), family=tb.family, img_size=tb.img_size,
@@ -181,7 +197,7 @@ def run_adala(plan: dict, data_root: str, work_dir: str, teacher_cfg: Config,
     cfg1 = _distill_stage_config(STAGE1_CFG, backbone, data_root, plan,
                                  plan['stage1_epochs'], lr=1e-3)
     _finish_config(cfg1, STAGE1_CFG, osp.join(work_dir, 'stage1'), 'stage1', seed)
-    _train(cfg1)
+    runner1 = _train(cfg1)
     stage1_ckpt = _last_checkpoint(cfg1.work_dir)
 
     cfg2 = _distill_stage_config(STAGE2_CFG, backbone, data_root, plan,
@@ -189,13 +205,13 @@ def run_adala(plan: dict, data_root: str, work_dir: str, teacher_cfg: Config,
     cfg2.model.student.pretrained = None  # the student comes from Stage 1 (load_from)
     cfg2.load_from = stage1_ckpt
     _finish_config(cfg2, STAGE2_CFG, osp.join(work_dir, 'stage2'), 'stage2', seed)
-    _train(cfg2)
+    runner2 = _train(cfg2)
     # The Stage-2 config's ExportStudentHook writes the student backbone next to checkpoints.
     stage2_backbone = osp.join(cfg2.work_dir, 'student_backbone.pth')
     if not osp.isfile(stage2_backbone):
         raise FileNotFoundError(f'Stage 2 did not write {stage2_backbone} (is ExportStudentHook '
                                 f'in custom_hooks of {STAGE2_CFG}?)')
-    return stage1_ckpt, stage2_backbone
+    return stage1_ckpt, stage2_backbone, dict(stage1=runner1.log_dir, stage2=runner2.log_dir)
 
 
 def train_student(plan: dict, data_root: str, work_dir: str, stage2_ckpt: str, seed: int):
@@ -247,19 +263,60 @@ def _colour(label: np.ndarray, palette: Sequence[Sequence[int]]) -> np.ndarray:
     return out
 
 
-def save_prediction_grid(path: str, teacher: List[dict], student: List[dict],
-                         scale: int = 3) -> None:
-    """Columns: image | ground truth | teacher | student, one row per validation image."""
-    rows = []
-    for t, s in zip(teacher, student):
+def save_prediction_grid(path: str, teacher: List[dict], student: List[dict]) -> None:
+    """Columns (titled): image | ground truth | teacher | student, one row per validation
+    image, with the class colours as a legend."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    fig, axes = plt.subplots(len(teacher), len(PREDICTION_COLUMNS),
+                             figsize=(2.0 * len(PREDICTION_COLUMNS), 2.0 * len(teacher) + 0.8),
+                             squeeze=False)
+    for r, (t, s) in enumerate(zip(teacher, student)):
         img = np.asarray(Image.open(t['img_path']).convert('RGB'))
         tiles = [img, _colour(t['gt'], SCENE_PALETTE), _colour(t['pred'], SCENE_PALETTE),
                  _colour(s['pred'], SCENE_PALETTE)]
-        gap = np.full((img.shape[0], 2, 3), 255, np.uint8)
-        rows.append(np.concatenate(sum([[tile, gap] for tile in tiles], [])[:-1], axis=1))
-    grid = np.concatenate(rows, axis=0)
-    Image.fromarray(grid).resize((grid.shape[1] * scale, grid.shape[0] * scale),
-                                 Image.NEAREST).save(path)
+        for ax, tile in zip(axes[r], tiles):
+            ax.imshow(tile, interpolation='nearest')
+            ax.set_xticks([])
+            ax.set_yticks([])
+    for ax, title in zip(axes[0], PREDICTION_COLUMNS):
+        ax.set_title(title, fontsize=10)
+    handles = [Patch(color=np.array(rgb) / 255.0, label=name)
+               for name, rgb in zip(SCENE_CLASSES, SCENE_PALETTE)]
+    handles.append(Patch(color='black', label='unlabelled'))
+    fig.legend(handles=handles, loc='lower center', ncol=len(handles), fontsize=7,
+               frameon=False)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.savefig(path, dpi=100, metadata={'Description': ' | '.join(PREDICTION_COLUMNS)})
+    plt.close(fig)
+
+
+def compare_on_photos(teacher_runner, student_runner, path: str) -> Dict[str, float]:
+    """Step 5: teacher vs student on real photographs (cheap: a few tiny forwards).
+
+    The photos are normalised with the segmentors' own data preprocessor statistics.
+
+    Returns:
+        Mean attention total-variation distance and mean feature cosine gap over the photos.
+    """
+    teacher_model = _unwrap(teacher_runner.model)
+    student_model = _unwrap(student_runner.model)
+    preprocessor = teacher_model.data_preprocessor
+    pictures = [load_photo(name, PHOTO_SIZE) for name in PHOTOS]
+    images = torch.stack([torch.from_numpy(p).permute(2, 0, 1).float() for p in pictures])
+    images = (images - preprocessor.mean.cpu()) / preprocessor.std.cpu()
+    teacher_model.eval()
+    student_model.eval()
+    cmp = compare_teacher_student(teacher_model.backbone, student_model.backbone, images)
+    save_teacher_student_figure(
+        path, pictures, list(PHOTOS), cmp, teacher_model.backbone.patch_size,
+        title='demo teacher (softmax) vs student (ELU+1, ViT-AdaLA) on real photos, '
+        'trained on drawn scenes only')
+    return dict(photo_attention_tv=float(cmp.attention_tv.mean()),
+                photo_feature_cosine_gap=float(cmp.feature_cosine_gap.mean()))
 
 
 def backbone_latency(runner, size: int, repeats: int = 3) -> float:
@@ -298,35 +355,48 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, float]:
 
 
 def run_demo(args: argparse.Namespace, plan: dict) -> Dict[str, float]:
-    """The four steps of the demo (see the module docstring)."""
+    """The six steps of the demo (see the module docstring)."""
     work_dir = osp.abspath(args.work_dir)
     os.makedirs(work_dir, exist_ok=True)
     start = time.time()
 
     data_root = osp.join(work_dir, 'data', 'toy_ade', 'ADEChallengeData2016')
-    _log(f'1/4 drawing {plan["num_train"]} + {plan["num_val"]} scenes in ADE20K layout '
+    _log(f'1/6 drawing {plan["num_train"]} + {plan["num_val"]} scenes in ADE20K layout '
          f'under {data_root}')
     make_ade20k_layout(data_root, plan['num_train'], plan['num_val'], size=(64, 64),
                        seed=args.seed)
 
-    _log('2/4 training the softmax ViT teacher (UPerNet)')
+    _log('2/6 training the softmax ViT teacher (UPerNet)')
     teacher_runner = train_teacher(plan, data_root, work_dir, args.seed)
     teacher_ckpt = _last_checkpoint(teacher_runner.work_dir)
     teacher_backbone = export_backbone(teacher_ckpt,
                                        osp.join(teacher_runner.work_dir, 'backbone.pth'))
 
-    _log('3/4 ViT-AdaLA: Stage 1 attention alignment, Stage 2 feature alignment')
-    _, stage2_ckpt = run_adala(plan, data_root, work_dir, teacher_runner.cfg,
+    _log('3/6 ViT-AdaLA: Stage 1 attention alignment, Stage 2 feature alignment')
+    _, stage2_ckpt, adala_logs = run_adala(plan, data_root, work_dir, teacher_runner.cfg,
                                teacher_backbone, args.seed)
-    _log('3/4 ViT-AdaLA: Stage 3 fine-tuning of the ELU+1 linear student (UPerNet)')
+    _log('3/6 ViT-AdaLA: Stage 3 fine-tuning of the ELU+1 linear student (UPerNet)')
     student_runner = train_student(plan, data_root, work_dir, stage2_ckpt, args.seed)
 
-    _log('4/4 evaluating teacher and student on the validation scenes')
+    _log('4/6 evaluating teacher and student on the validation scenes')
     num_classes = len(SCENE_CLASSES)
     t_inter, t_union, t_kept = predict_and_score(teacher_runner, num_classes, keep=6)
     s_inter, s_union, s_kept = predict_and_score(student_runner, num_classes, keep=6)
     picture = osp.join(work_dir, 'predictions.png')
     save_prediction_grid(picture, t_kept, s_kept)
+
+    photos_png = osp.join(work_dir, 'real_photos.png')
+    _log(f'5/6 teacher vs student on real photos ({", ".join(PHOTOS)}) -> {photos_png}')
+    photo_stats = compare_on_photos(teacher_runner, student_runner, photos_png)
+
+    curves_png = osp.join(work_dir, 'loss_curves.png')
+    _log(f'6/6 loss curves of every run -> {curves_png}')
+    log_dirs = dict(teacher=teacher_runner.log_dir, **adala_logs,
+                    student=student_runner.log_dir)
+    save_loss_curves(curves_png, {
+        f'{name} ({osp.basename(log_dir)})': osp.join(log_dir, 'vis_data', 'scalars.json')
+        for name, log_dir in log_dirs.items()
+    }, title='demo runs: loss terms logged by LocalVisBackend (vis_data/scalars.json)')
 
     def miou(inter, union):
         present = union > 0
@@ -338,7 +408,10 @@ def run_demo(args: argparse.Namespace, plan: dict) -> Dict[str, float]:
         teacher_checkpoint=teacher_ckpt,
         stage2_checkpoint=stage2_ckpt,
         student_checkpoint=_last_checkpoint(student_runner.work_dir),
-        predictions_png=picture)
+        predictions_png=picture,
+        real_photos_png=photos_png,
+        loss_curves_png=curves_png,
+        **photo_stats)
     if plan['timing']:
         for size in (64, 512):
             summary[f'teacher_backbone_s_{size}px'] = backbone_latency(teacher_runner, size)
@@ -356,6 +429,10 @@ def run_demo(args: argparse.Namespace, plan: dict) -> Dict[str, float]:
                   f'{1000 * summary[f"teacher_backbone_s_{size}px"]:.1f} ms, student '
                   f'{1000 * summary[f"student_backbone_s_{size}px"]:.1f} ms')
     print(f'predictions (image | ground truth | teacher | student): {picture}')
+    print(f'real photos (attention, feature PCA, cosine gap): {photos_png}; mean attention '
+          f'TV distance {photo_stats["photo_attention_tv"]:.3f}, mean feature cosine gap '
+          f'{photo_stats["photo_feature_cosine_gap"]:.3f}')
+    print(f'loss curves: {curves_png}')
     print(f'logs and checkpoints: {work_dir}/{{teacher,stage1,stage2,student}}')
     print(f'wall time: {summary["wall_time_s"]:.0f} s')
     return summary

@@ -22,11 +22,13 @@ import argparse
 import json
 import os
 import sys
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, NoReturn, Optional, Union
 
 import torch
 
 from mmlinvit.backbones import VisionTransformer
+from mmlinvit.backbones.arch_zoo import VIT_FAMILIES, VIT_SIZES
+from mmlinvit.layers.attention import ATTENTION_OPERATORS
 from mmlinvit.layers.pos_embed import infer_square_grid
 from mmlinvit.converters import (check_state_dict_fits, convert_state_dict, layout_names,
                                  load_checkpoint_file)
@@ -75,6 +77,51 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def usage_error(message: str) -> NoReturn:
+    """Prints ``error: MESSAGE`` to stderr and exits with status 2 (a command-line mistake)."""
+    print(f'error: {message}', file=sys.stderr)
+    raise SystemExit(2)
+
+
+def check_names(attn_cfg: Union[str, dict, list], strategy: str, arch: Any, family: str) -> None:
+    """Exits with an ``error:`` line when an operator, strategy, arch or family is unknown.
+
+    Runs before the teacher checkpoint is read, so a typo costs nothing; the message lists
+    the registered names.
+
+    Args:
+        attn_cfg: The student's operator(s) (name, config dict, or one per layer).
+        strategy: ``--strategy``.
+        arch: ``--arch`` (a size name or a dict).
+        family: ``--family``.
+    """
+    for i, cfg in enumerate(attn_cfg if isinstance(attn_cfg, list) else [attn_cfg]):
+        where = f' (layer {i} of --operator-per-layer)' if isinstance(attn_cfg, list) else ''
+        name = cfg.get('type') if isinstance(cfg, dict) else cfg
+        if not isinstance(name, str):
+            usage_error(f'operator{where} must be a name or a JSON dict with a "type" key, got '
+                        f'{cfg!r}; registered attention operators: '
+                        f'{", ".join(ATTENTION_OPERATORS.names)}')
+        if name.removeprefix('mmlinvit.') not in ATTENTION_OPERATORS:
+            usage_error(f'unknown operator {name!r}{where}; registered attention operators: '
+                        f'{", ".join(ATTENTION_OPERATORS.names)}')
+    if strategy.removeprefix('mmlinvit.') not in TRANSFER_STRATEGIES:
+        usage_error(f'unknown strategy {strategy!r}; registered weight-transfer strategies: '
+                    f'{", ".join(TRANSFER_STRATEGIES.names)}')
+    if isinstance(arch, str) and arch not in VIT_SIZES:
+        usage_error(f'unknown arch {arch!r}; available sizes: {", ".join(VIT_SIZES)}, or a JSON '
+                    'dict with embed_dims, num_layers, num_heads, mlp_hidden_dims')
+    if isinstance(arch, dict):
+        missing = sorted({'embed_dims', 'num_layers', 'num_heads', 'mlp_hidden_dims'} - set(arch))
+        if missing:
+            usage_error(f'--arch dict is missing {missing}')
+    elif not isinstance(arch, str):
+        usage_error(f'--arch must be a size name or a JSON dict, got {arch!r}')
+    if family not in VIT_FAMILIES:
+        usage_error(f'unknown family {family!r}; available families: '
+                    f'{", ".join(VIT_FAMILIES)}')
+
+
 def _parse_json_or_name(text: str) -> Any:
     """JSON value if ``text`` is JSON, else the text itself (names like ``elu``)."""
     try:
@@ -86,7 +133,7 @@ def _parse_json_or_name(text: str) -> Any:
 def parse_operators(operator: Optional[str], per_layer: Optional[str]) -> Union[str, dict, list]:
     """The student's ``attn_cfg`` from ``--operator`` / ``--operator-per-layer``."""
     if (operator is None) == (per_layer is None):
-        raise SystemExit('error: give exactly one of --operator and --operator-per-layer')
+        usage_error('give exactly one of --operator and --operator-per-layer')
     if operator is not None:
         return _parse_json_or_name(operator)
     value = _parse_json_or_name(per_layer)
@@ -101,7 +148,7 @@ def parse_strategy_args(items: List[str]) -> Dict[str, Any]:
     for item in items:
         key, sep, value = item.partition('=')
         if not sep or not key:
-            raise SystemExit(f'error: --strategy-arg expects KEY=VALUE, got {item!r}')
+            usage_error(f'--strategy-arg expects KEY=VALUE, got {item!r}')
         options[key.strip()] = _parse_json_or_name(value)
     return options
 
@@ -129,6 +176,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     attn_cfg = parse_operators(args.operator, args.operator_per_layer)
     strategy_options = parse_strategy_args(args.strategy_arg)
     arch = _parse_json_or_name(args.arch)
+    check_names(attn_cfg, args.strategy, arch, args.family)
 
     raw = load_checkpoint_file(args.teacher_ckpt, trust_checkpoint=args.trust_checkpoint)
     state_dict, conversion = convert_state_dict(raw, layout=args.layout)

@@ -22,6 +22,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from mmlinvit.layers.patch_embed import patch_grid
+
 
 def _check_query(hw_shape: Tuple[int, int], row: int, col: int) -> int:
     """Raster index of patch (row, col) on an (h, w) grid, with a clear error."""
@@ -164,7 +166,7 @@ def activation_similarity_maps(model: nn.Module, images: torch.Tensor, query: Tu
         for handle in handles:
             handle.remove()
     p = patch_embed.patch_size
-    hw_shape = (images.shape[-2] // p, images.shape[-1] // p)
+    hw_shape = patch_grid(images.shape[-2:], p)
     q_index = _check_query(hw_shape, *query)
     maps = {}
     for block, tokens in outputs.items():

@@ -386,7 +386,7 @@ def analytic_vit_flops(img_size: Union[int, Tuple[int, int]],
         :class:`AnalyticFlops`.
     """
     h, w = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
-    num_patches = (h // patch_size) * (w // patch_size)
+    num_patches = (-(-h // patch_size)) * (-(-w // patch_size))  # corner-padded grid
     n = num_patches + num_prefix_tokens
     if isinstance(attention, (str, Mapping)):
         ops = [_operator_name(attention)] * num_layers

@@ -28,7 +28,8 @@ with the class position LAST, ``layers.i.{norm, mixer.*, norm_mlp, mlp.w1, mlp.w
 classifier ``head.*`` is dropped (see :meth:`Adventurer.init_weights`).
 
 Memory is O(N) in the number of tokens: the mixer's chunked scan never builds an N x N
-tensor, only chunk x chunk blocks.
+tensor, only chunk x chunk blocks.  Inputs whose side is not a multiple of the patch size are
+zero-padded at the bottom / right, as in mmseg's ViT (grid ``ceil(H / 16) x ceil(W / 16)``).
 """
 import logging
 import pickle
@@ -44,6 +45,7 @@ from mmlinvit.layers.norm import RMSNorm
 from mmlinvit.layers.patch_embed import PatchEmbed
 from mmlinvit.layers.pos_embed import infer_square_grid, resample_pos_grid
 from mmlinvit.layers.transformer import DropPath
+from .checkpointing import run_block
 from .outputs import check_out_type, format_tokens, resolve_out_indices
 
 logger = logging.getLogger(__name__)
@@ -296,6 +298,8 @@ class Adventurer(nn.Module):
         norm_all_outputs: Apply ``norm_f`` to every returned block, not only the last one.
         frozen_stages: Freeze the embeddings, tokens and the first ``frozen_stages`` blocks.
         pretrained: Checkpoint path loaded by :meth:`init_weights`.
+        with_cp: Activation checkpointing of the blocks while training with gradients
+            (recompute in backward; see :mod:`.checkpointing`).
     """
 
     def __init__(self,
@@ -313,7 +317,8 @@ class Adventurer(nn.Module):
                  out_type: str = 'cls_token',
                  norm_all_outputs: bool = False,
                  frozen_stages: int = -1,
-                 pretrained: Optional[str] = None) -> None:
+                 pretrained: Optional[str] = None,
+                 with_cp: bool = False) -> None:
         super().__init__()
         if isinstance(arch, str):
             key = _SIZE_ALIASES.get(arch, arch)
@@ -344,6 +349,7 @@ class Adventurer(nn.Module):
         self.norm_all_outputs = norm_all_outputs
         self.frozen_stages = frozen_stages
         self.pretrained = pretrained
+        self.with_cp = with_cp
         #: What the last :meth:`init_weights` loaded and dropped (``None`` before).
         self.load_report: Optional[AdventurerCheckpointReport] = None
 
@@ -554,7 +560,7 @@ class Adventurer(nn.Module):
         """Final normalised tokens (B, h * w + 1, C), class token last, and the grid."""
         tokens, hw_shape = self.prepare_tokens(x, patch_mask, mask_token)
         for blk in self.layers:
-            tokens = blk(tokens)
+            tokens = run_block(blk, tokens, with_cp=self.with_cp)
         return self.norm_f(tokens), hw_shape
 
     def forward_stages(self,
@@ -583,7 +589,7 @@ class Adventurer(nn.Module):
         tokens, hw_shape = self.prepare_tokens(x, patch_mask, mask_token)
         stages = []
         for i, blk in enumerate(self.layers):
-            tokens = blk(tokens)
+            tokens = run_block(blk, tokens, with_cp=self.with_cp)
             if i in ends:
                 feats = self.norm_f(tokens) if normalize_stages else tokens
                 stages.append(feats[:, :-1])
@@ -595,7 +601,7 @@ class Adventurer(nn.Module):
         outs = []
         last = self.num_layers - 1
         for i, blk in enumerate(self.layers):
-            tokens = blk(tokens)
+            tokens = run_block(blk, tokens, with_cp=self.with_cp)
             if i in self.out_indices:
                 out = self.norm_f(tokens) if (i == last or self.norm_all_outputs) else tokens
                 outs.append(self.format_output(out, hw_shape))

@@ -13,7 +13,9 @@ attn.proj, ls1.gamma, norm2, mlp.fc1, mlp.fc2, ls2.gamma}``, ``norm``.  Converte
 
 Position embeddings are learned on the grid of ``img_size``; a checkpoint trained on another
 grid is resampled to it once at load time (family interpolation), and inputs of any other
-resolution (512, 518, 1024, 512 x 1024) resample it per forward.
+resolution (512, 518, 1024, 512 x 1024) resample it per forward.  A side that is not a
+multiple of the patch size is zero-padded at the bottom / right (mmseg's ViT, ``padding=
+'corner'``): a 500 x 500 input at patch 16 gives a 32 x 32 grid, not a cropped 31 x 31.
 """
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -22,9 +24,11 @@ import torch.nn as nn
 
 from mmlinvit.layers.attention import ATTENTION_OPERATORS
 from mmlinvit.layers.pos_embed import infer_square_grid, resample_pos_grid, sincos_pos_embed_2d
-from mmlinvit.layers.patch_embed import PatchEmbed
+from mmlinvit.layers.patch_embed import PatchEmbed, patch_grid
 from mmlinvit.layers.transformer import TransformerBlock
-from .arch_zoo import VIT_FAMILIES, VIT_SIZES
+from .arch_zoo import VIT_SIZES, family_defaults
+from .checkpointing import run_block
+from .operator_setting import resolve_operator_setting
 from .outputs import check_out_type, format_tokens, resolve_out_indices
 
 
@@ -37,15 +41,23 @@ class VisionTransformer(nn.Module):
             with ``embed_dims``, ``num_layers``, ``num_heads`` and ``mlp_hidden_dims``.
         family: Family name in :data:`VIT_FAMILIES`; sets the defaults below.
         attn_cfg: Operator name/config for every layer, or a list with one per layer.
-        img_size: Training resolution; sets the learned position grid.
+        img_size: Training resolution; sets the learned position grid (the token grid of an
+            ``img_size`` input, ``ceil(img_size / patch_size)`` per side).
         patch_size: Patch side (family default if ``None``).
         in_channels: Input channels.
-        with_cls_token: Whether a class token is prepended.
+        with_cls_token: Whether a class token is prepended.  ``None``: the operators' paper
+            setting (``paper_backbone_setting``: none for MHLA / TTT) or ``True``.
         num_reg_tokens: Number of register tokens (DINOv2 with registers).
         with_mask_token: Whether a ``mask_token`` parameter exists (DINOv2 checkpoints).
         pos_embed_type: ``'learned'``, ``'sincos'`` (fixed, recomputed per grid) or ``'none'``.
-        pos_interp: Resampling of learned grids, ``'bicubic'``, ``'bicubic_antialias'`` (timm)
-            or ``'dinov2'``.
+            ``None``: the operators' paper setting (``'sincos'`` for MHLA / TTT) or
+            ``'learned'``.
+        pos_interp: Resampling of learned grids, ``'bicubic'``, ``'bicubic_antialias'`` (timm),
+            ``'dinov2'`` or ``'dinov2_reg'`` (the DINOv2 hub without / with registers).  The
+            default is the family's, and follows the model: family ``'dinov2'`` with
+            ``num_reg_tokens > 0`` uses ``'dinov2_reg'`` (see
+            :data:`~.arch_zoo.VIT_FAMILY_REGISTER_DEFAULTS`).  ``pos_interp_source`` records
+            which it was.
         layer_scale_init: LayerScale init (``None`` disables).
         act: MLP activation (``'gelu'`` or ``'quick_gelu'``).
         mlp_type: ``'mlp'`` or ``'swiglu'`` (defaults to swiglu for DINOv2-g).
@@ -58,13 +70,20 @@ class VisionTransformer(nn.Module):
         drop_path_rate: Maximum stochastic depth rate (linearly increasing).
         out_indices: Block indices whose outputs are returned (negative allowed).
         out_type: ``'raw'`` (B, N, C), ``'cls_token'`` (B, C), ``'avg_featmap'`` (B, C: mean
-            of patch tokens) or ``'featmap'`` (B, C, h, w).
+            of patch tokens) or ``'featmap'`` (B, C, h, w).  ``None``: ``'cls_token'`` with a
+            class token, else ``'avg_featmap'``.
         norm_all_outputs: Apply the final norm to every returned block (segmentation on
             DINOv2 features), not only to the last one.
         frozen_stages: Freeze patch embedding, tokens and the first ``frozen_stages`` blocks.
         pretrained: Checkpoint path (any layout :mod:`mmlinvit.converters` handles) loaded in
             :meth:`init_weights`.
         checkpoint_layout: Source layout (``'auto'`` detects it).
+        check_operator_setting: Refuse ``with_cls_token`` / ``pos_embed_type`` / ``out_type``
+            values an operator's paper does not use (MHLA / TTT: no class token, sin-cos,
+            average pooling), naming the fix; ``False`` builds them with a warning (a
+            deliberate deviation).  See :mod:`.operator_setting`.
+        with_cp: Activation checkpointing of the blocks while training with gradients
+            (recompute in backward; see :mod:`.checkpointing`).
     """
 
     def __init__(self,
@@ -74,10 +93,10 @@ class VisionTransformer(nn.Module):
                  img_size: Optional[Union[int, Tuple[int, int]]] = None,
                  patch_size: Optional[int] = None,
                  in_channels: int = 3,
-                 with_cls_token: bool = True,
+                 with_cls_token: Optional[bool] = None,
                  num_reg_tokens: int = 0,
                  with_mask_token: Optional[bool] = None,
-                 pos_embed_type: str = 'learned',
+                 pos_embed_type: Optional[str] = None,
                  pos_interp: Optional[str] = None,
                  layer_scale_init: Optional[float] = -1.0,
                  act: Optional[str] = None,
@@ -90,15 +109,15 @@ class VisionTransformer(nn.Module):
                  drop_rate: float = 0.0,
                  drop_path_rate: float = 0.0,
                  out_indices: Union[int, Sequence[int]] = -1,
-                 out_type: str = 'cls_token',
+                 out_type: Optional[str] = None,
                  norm_all_outputs: bool = False,
                  frozen_stages: int = -1,
                  pretrained: Optional[str] = None,
-                 checkpoint_layout: str = 'auto') -> None:
+                 checkpoint_layout: str = 'auto',
+                 check_operator_setting: bool = True,
+                 with_cp: bool = False) -> None:
         super().__init__()
-        if family not in VIT_FAMILIES:
-            raise KeyError(f'Unknown ViT family {family!r}; available: {sorted(VIT_FAMILIES)}')
-        fam = VIT_FAMILIES[family]
+        fam = family_defaults(family, num_reg_tokens)
         if isinstance(arch, str):
             if arch not in VIT_SIZES:
                 raise KeyError(f'Unknown ViT arch {arch!r}; available: {sorted(VIT_SIZES)} '
@@ -111,6 +130,13 @@ class VisionTransformer(nn.Module):
                 raise KeyError(f'Custom arch dict is missing {sorted(missing)}')
             arch_cfg = dict(arch)
             arch_name = 'custom'
+        setting = resolve_operator_setting(
+            list(attn_cfg) if isinstance(attn_cfg, (list, tuple)) else [attn_cfg],
+            dict(with_cls_token=with_cls_token, pos_embed_type=pos_embed_type,
+                 out_type=out_type), check_operator_setting)
+        with_cls_token = setting['with_cls_token']
+        pos_embed_type = setting['pos_embed_type']
+        out_type = setting['out_type']
         check_out_type(out_type)
         if out_type == 'cls_token' and not with_cls_token:
             raise ValueError("out_type='cls_token' needs with_cls_token=True; use "
@@ -131,6 +157,10 @@ class VisionTransformer(nn.Module):
         img_size = pick(img_size, 'img_size')
         self.img_size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
         self.pos_interp = pick(pos_interp, 'pos_interp')
+        self.pos_interp_source = (
+            'explicit' if pos_interp is not None else
+            f'family {family!r} default' + (f' with {num_reg_tokens} register tokens'
+                                             if num_reg_tokens else ''))
         self.pos_embed_type = pos_embed_type
         self.with_cls_token = with_cls_token
         self.num_reg_tokens = num_reg_tokens
@@ -139,6 +169,8 @@ class VisionTransformer(nn.Module):
         self.norm_all_outputs = norm_all_outputs
         self.frozen_stages = frozen_stages
         self.pretrained = pretrained
+        self.with_cp = with_cp
+        self.load_report = None  # ConversionReport of init_weights' pretrained load
         self.checkpoint_layout = checkpoint_layout
         if layer_scale_init == -1.0:
             layer_scale_init = fam['layer_scale_init']
@@ -147,7 +179,10 @@ class VisionTransformer(nn.Module):
 
         self.patch_embed = PatchEmbed(in_channels, self.embed_dims, self.patch_size,
                                       bias=pick(patch_bias, 'patch_bias'))
-        self.pos_grid = (self.img_size[0] // self.patch_size, self.img_size[1] // self.patch_size)
+        # The token grid of an img_size input (corner-padded to whole patches): a DINOv2
+        # model at img_size=512 keeps the checkpoint's 37 x 37 grid, resampled neither at load
+        # nor per forward.
+        self.pos_grid = patch_grid(self.img_size, self.patch_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, self.embed_dims)) if with_cls_token else None
         self.reg_token = (nn.Parameter(torch.zeros(1, num_reg_tokens, self.embed_dims))
                           if num_reg_tokens else None)
@@ -219,10 +254,15 @@ class VisionTransformer(nn.Module):
             blk.attn.init_extra_parameters()
 
     def init_weights(self) -> None:
-        """Loads ``pretrained`` (converted from its layout) if set; mmengine calls this."""
+        """Loads ``pretrained`` (converted from its layout) if set; mmengine calls this.
+
+        The conversion report is kept as ``self.load_report`` (and logged; parameters that
+        keep their init are logged at WARNING).
+        """
         if self.pretrained:
             from mmlinvit.converters import load_pretrained
-            load_pretrained(self, self.pretrained, layout=self.checkpoint_layout)
+            self.load_report = load_pretrained(self, self.pretrained,
+                                               layout=self.checkpoint_layout)
 
     def _freeze_stages(self) -> None:
         if self.frozen_stages < 0:
@@ -325,7 +365,7 @@ class VisionTransformer(nn.Module):
         """
         tokens, hw_shape = self.prepare_tokens(x, patch_mask, mask_token)
         for blk in self.blocks:
-            tokens = blk(tokens, hw_shape, self.num_prefix_tokens)
+            tokens = run_block(blk, tokens, hw_shape, self.num_prefix_tokens, with_cp=self.with_cp)
         return self.norm(tokens), hw_shape
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
@@ -334,7 +374,7 @@ class VisionTransformer(nn.Module):
         outs = []
         last = self.num_layers - 1
         for i, blk in enumerate(self.blocks):
-            tokens = blk(tokens, hw_shape, self.num_prefix_tokens)
+            tokens = run_block(blk, tokens, hw_shape, self.num_prefix_tokens, with_cp=self.with_cp)
             if i in self.out_indices:
                 out = self.norm(tokens) if (i == last or self.norm_all_outputs) else tokens
                 outs.append(self.format_output(out, hw_shape))

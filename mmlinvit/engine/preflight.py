@@ -8,10 +8,26 @@ how to obtain it (download, convert, or which training stage produces it).
 
 Configs can add their own advice with ``missing_path_hints = {'model.backbone.pretrained':
 'Run AdaLA Stage 2 ...'}`` (keys are the dotted config locations printed in the error).
+
+Once a dataset's folders exist, the images (and label maps) it will list are counted with
+mmseg's / mmpretrain's own listing rules (:mod:`mmlinvit.datasets.pairing`): an empty image
+folder, a wrong ``img_suffix`` or images without label maps stop the run here, naming the
+folder, the suffix looked for and what is there, instead of failing inside mmengine with
+"need at least one array to concatenate".  The counts are logged.
+
+In training, a per-GPU batch size of 1 with BatchNorm in a decode / auxiliary head is refused
+(:class:`BatchNormBatchSizeError`): BatchNorm cannot train on one value per channel, which
+pooled branches (UPerHead / PSPHead pool scale 1, ASPP image pooling) produce, and mmseg
+fails at the first iteration with "Expected more than 1 value per channel when training".
 """
+import logging
 import os
 import os.path as osp
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+from mmengine.logging import print_log
+
+from mmlinvit.datasets.pairing import pair_dataset_files
 
 #: Config keys whose string value is a local checkpoint path.
 CHECKPOINT_KEYS = ('pretrained', 'checkpoint', 'teacher_checkpoint', 'teacher_ckpt',
@@ -48,8 +64,25 @@ _GENERIC_CKPT_HINT = ('Train or download the checkpoint, convert official weight
                       '--cfg-options <location>=<path>')
 
 
-class MissingInputsError(FileNotFoundError):
-    """A data root, data folder or checkpoint named by the config does not exist."""
+class PreflightError(Exception):
+    """A problem found by the pre-flight checks, before anything is built."""
+
+
+class MissingInputsError(PreflightError, FileNotFoundError):
+    """A data root, data folder or checkpoint named by the config does not exist, or a data
+    folder holds no images (or images without label maps) that the dataset would list."""
+
+
+class BatchNormBatchSizeError(PreflightError, ValueError):
+    """Training with one sample per GPU through BatchNorm layers of a head."""
+
+
+#: Norm types that normalise over the batch in every process.
+LOCAL_BATCH_NORMS = ('BN', 'BN1d', 'BN2d', 'BN3d')
+#: Norm types that normalise over the batch of all processes (one process: like BN).
+SYNC_BATCH_NORMS = ('SyncBN', 'MMSyncBN', 'NaiveSyncBN')
+#: Config keys of the heads that are trained on the task loss.
+HEAD_KEYS = ('decode_head', 'auxiliary_head')
 
 
 def _strip_scope(type_name: Any) -> str:
@@ -134,16 +167,22 @@ def _check_dataset(dataset: dict, where: str, hints: Dict[str, str]) -> List[str
 
 def find_missing_inputs(cfg: Any,
                         mode: str = 'train',
-                        checkpoint: Optional[str] = None) -> List[str]:
+                        checkpoint: Optional[str] = None,
+                        counts: Optional[List[str]] = None) -> List[str]:
     """Lists every missing data path / checkpoint of a config (empty when all exist).
+
+    Datasets whose folders exist are also checked for images (and label maps) that pair up
+    (:func:`mmlinvit.datasets.pairing.pair_dataset_files`).
 
     Args:
         cfg: An mmengine ``Config`` (or a plain dict with the same keys).
         mode: ``'train'`` checks the train and val loaders, ``'test'`` the test loader.
         checkpoint: The checkpoint given to the test tool, checked as well.
+        counts: If given, one line per checked dataset with its image / label-map counts is
+            appended to it.
 
     Returns:
-        One human-readable problem description per missing path.
+        One human-readable problem description per missing path or unpaired data folder.
     """
     if mode not in ('train', 'test'):
         raise ValueError(f"mode must be 'train' or 'test', got {mode!r}")
@@ -162,7 +201,14 @@ def find_missing_inputs(cfg: Any,
             if key in seen:
                 continue
             seen.add(key)
-            problems.extend(_check_dataset(dataset, where, hints))
+            missing = _check_dataset(dataset, where, hints)
+            problems.extend(missing)
+            if not missing:
+                report = pair_dataset_files(dataset, where, cfg.get('default_scope', None))
+                if report is not None:
+                    problems.extend(report.problems)
+                    if counts is not None:
+                        counts.append(report.summary())
 
     ckpts = list(_iter_checkpoints(cfg.get('model', {}), 'model'))
     load_from = cfg.get('load_from', None)
@@ -178,17 +224,167 @@ def find_missing_inputs(cfg: Any,
     return problems
 
 
+def _iter_head_batch_norms(node: Any, where: str, in_head: bool = False
+                           ) -> Iterator[Tuple[str, str]]:
+    """Yields (location, norm type) of BatchNorm configs inside decode / auxiliary heads.
+
+    The frozen ``teacher`` of a distillation model runs in eval mode and is skipped.
+    """
+    if isinstance(node, dict):
+        norm_type = node.get('type')
+        if in_head and norm_type in LOCAL_BATCH_NORMS + SYNC_BATCH_NORMS:
+            yield where, norm_type
+        for key, value in node.items():
+            if key == 'teacher':
+                continue
+            yield from _iter_head_batch_norms(value, f'{where}.{key}', in_head or key in HEAD_KEYS)
+    elif isinstance(node, (list, tuple)):
+        for i, value in enumerate(node):
+            yield from _iter_head_batch_norms(value, f'{where}[{i}]', in_head)
+
+
+def find_batch_norm_problem(cfg: Any) -> Optional[str]:
+    """Describes a per-GPU train batch size of 1 with BatchNorm in a head, or ``None``.
+
+    ``SyncBN`` is fine in a distributed run (it normalises over every process's sample) and
+    counts as BatchNorm when ``cfg.launcher`` is ``'none'``.
+
+    Args:
+        cfg: The prepared training config (``launcher`` set by ``tools/train.py``).
+
+    Returns:
+        The problem and how to fix it, or ``None``.
+    """
+    loader = cfg.get('train_dataloader', None) or {}
+    if loader.get('batch_size', None) != 1:
+        return None
+    distributed = cfg.get('launcher', 'none') != 'none'
+    found = [(where, norm) for where, norm in _iter_head_batch_norms(cfg.get('model', {}), 'model')
+             if norm in LOCAL_BATCH_NORMS or not distributed]
+    if not found:
+        return None
+    shown = ', '.join(f'{where}={norm}' for where, norm in found[:4])
+    more = f' and {len(found) - 4} more' if len(found) > 4 else ''
+    return (f'train_dataloader.batch_size=1 (per GPU) with BatchNorm in the heads ({shown}{more}). '
+            f'BatchNorm cannot train on one sample: pooled branches (UPerHead / PSPHead pool '
+            f'scale 1, ASPP image pooling) fail with "Expected more than 1 value per channel '
+            f'when training", and the statistics of one image are noise anyway.\n'
+            f'    Fix: use at least 2 images per GPU (--cfg-options '
+            f'train_dataloader.batch_size=2), or a norm that does not use the batch in the heads, '
+            f"e.g. norm_cfg=dict(type='GN', num_groups=32, requires_grad=True) (GroupNorm; 'LN' "
+            f'for transformer-style heads)'
+            + ('' if distributed else ', or SyncBN in a multi-GPU run (--launcher pytorch)') + '.')
+
+
 def check_inputs(cfg: Any, mode: str = 'train', checkpoint: Optional[str] = None) -> None:
-    """Raises :class:`MissingInputsError` listing every missing data path or checkpoint.
+    """Runs the pre-flight checks: missing / unpaired inputs, then (training) batch-size-1 BN.
 
     Args:
         cfg: An mmengine ``Config``.
         mode: ``'train'`` or ``'test'`` (see :func:`find_missing_inputs`).
         checkpoint: Checkpoint given to the test tool.
+
+    Raises:
+        MissingInputsError: listing every missing path and data folder that does not pair up.
+        BatchNormBatchSizeError: training with batch size 1 per GPU through BatchNorm heads.
     """
-    problems = find_missing_inputs(cfg, mode=mode, checkpoint=checkpoint)
+    counts: List[str] = []
+    problems = find_missing_inputs(cfg, mode=mode, checkpoint=checkpoint, counts=counts)
     if problems:
         lines = '\n'.join(f'  - {p}' for p in problems)
         raise MissingInputsError(
-            f'Cannot start: {len(problems)} input(s) of the config are missing (checked before '
+            f'Cannot start: {len(problems)} input problem(s) in the config (checked before '
             f'building the runner; nothing was trained):\n{lines}')
+    for line in counts:
+        print_log(f'Data check: {line}', logger='current', level=logging.INFO)
+    if mode == 'train':
+        problem = find_batch_norm_problem(cfg)
+        if problem:
+            raise BatchNormBatchSizeError(f'Cannot start: {problem}')
+
+
+class DataCheckError(PreflightError):
+    """``--check-data`` found images or label maps that cannot be used."""
+
+
+#: Bad files listed in the error message (all of them go to the work dir's list).
+MAX_BAD_SHOWN = 20
+
+
+def check_data(cfg: Any, mode: str = 'train', num_threads: Optional[int] = None) -> int:
+    """Decodes every image and label map of the config's datasets (``--check-data``).
+
+    Each dataset of the train and val loaders (``mode='train'``) or the test loader is built
+    as the runner will build it, and every file it lists is decoded in full
+    (:func:`mmlinvit.datasets.integrity.scan_dataset_files`); progress is logged.  In a
+    distributed run each process scans ``rank::world_size`` and the results are gathered, so
+    every process stops together.  When files are bad, their list is written to
+    ``<work_dir>/bad_data_files.txt``.
+
+    Args:
+        cfg: The prepared config (call after the runner is built in distributed runs, so the
+            process group exists).
+        mode: ``'train'`` or ``'test'``.
+        num_threads: Decoding threads per process (default: the loader's ``num_workers``,
+            at least 1).
+
+    Returns:
+        The number of samples checked (all processes).
+
+    Raises:
+        DataCheckError: naming the bad files and why each is bad.
+    """
+    from mmengine.dist import all_gather_object, get_rank, get_world_size
+    from mmengine.registry import DATASETS, DefaultScope
+
+    from mmlinvit.datasets.integrity import scan_dataset_files
+    rank, world_size = get_rank(), get_world_size()
+    loaders = (('train_dataloader', 'val_dataloader') if mode == 'train' else
+               ('test_dataloader', ))
+    scope = cfg.get('default_scope', None)
+    bad: List[Tuple[str, str]] = []
+    num_samples = 0
+    seen = set()
+    for loader in loaders:
+        loader_cfg = cfg.get(loader, None)
+        if not loader_cfg or (mode == 'train' and loader == 'val_dataloader'
+                              and not cfg.get('val_cfg', None)):
+            continue
+        threads = num_threads or max(1, int(loader_cfg.get('num_workers', 0) or 0))
+        for dataset_cfg, where in _iter_datasets(loader_cfg.get('dataset'), f'{loader}.dataset'):
+            key = (dataset_cfg.get('data_root'), str(dataset_cfg.get('data_prefix')),
+                   str(dataset_cfg.get('ann_file')))
+            if key in seen:
+                continue
+            seen.add(key)
+            with DefaultScope.overwrite_default_scope(scope):
+                dataset = DATASETS.build(dict(dataset_cfg))
+
+            def progress(done: int, total: int, num_bad: int, where: str = where) -> None:
+                print_log(f'check-data {where}: {done}/{total} samples decoded'
+                          f'{f" (rank {rank}/{world_size})" if world_size > 1 else ""}, '
+                          f'{num_bad} bad file(s)', logger='current', level=logging.INFO)
+
+            result = scan_dataset_files(dataset, rank, world_size, threads, progress)
+            shares = all_gather_object(result) if world_size > 1 else [result]
+            num_samples += sum(share.num_samples for share in shares)
+            bad.extend(item for share in shares for item in share.bad)
+    if not bad:
+        print_log(f'check-data: {num_samples} samples decoded, no bad file', logger='current',
+                  level=logging.INFO)
+        return num_samples
+    listing = ''
+    work_dir = cfg.get('work_dir', None)
+    if work_dir and rank == 0:
+        os.makedirs(work_dir, exist_ok=True)
+        listing = osp.join(work_dir, 'bad_data_files.txt')
+        with open(listing, 'w') as f:
+            f.writelines(f'{path}\t{reason}\n' for path, reason in bad)
+    shown = '\n'.join(f'  - {path}: {reason}' for path, reason in bad[:MAX_BAD_SHOWN])
+    more = f'\n  ... and {len(bad) - MAX_BAD_SHOWN} more' if len(bad) > MAX_BAD_SHOWN else ''
+    raise DataCheckError(
+        f'--check-data: {len(bad)} bad file(s) among {num_samples} samples (nothing was '
+        f'trained):\n{shown}{more}\n'
+        + (f'The full list is in {listing}.\n' if listing else '')
+        + 'Replace or delete these files (for an ann_file dataset, drop their lines) and run '
+          'again.')

@@ -41,6 +41,13 @@ class NameRegistry:
         return _register
 
     @property
+    def plural(self) -> str:
+        """``kind`` in the plural, for messages (``'strategy'`` -> ``'strategies'``)."""
+        if self.kind.endswith('y') and self.kind[-2:-1] not in tuple('aeiou'):
+            return self.kind[:-1] + 'ies'
+        return self.kind + 's'
+
+    @property
     def names(self) -> list:
         """Sorted registered names."""
         return sorted(self._entries)
@@ -61,7 +68,7 @@ class NameRegistry:
         if name.startswith('mmlinvit.'):
             name = name[len('mmlinvit.'):]
         if name not in self._entries:
-            raise KeyError(f'Unknown {self.kind} {name!r}. Registered {self.kind}s: '
+            raise KeyError(f'Unknown {self.kind} {name!r}. Registered {self.plural}: '
                            f'{", ".join(self.names)}.')
         return self._entries[name]
 

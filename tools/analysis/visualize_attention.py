@@ -1,21 +1,30 @@
 """Attention of one query patch: softmax teacher vs the students' implied linear maps.
 
-Saves one PNG with a row per chosen layer: the image with the query patch marked, the
-teacher's softmax map, each student's implied map (operators with ``attention_map()``: elu,
-relu, hedgehog, identity, inline, mhla) and, when the Adventurer backbone exists, its activation
-map (cosine similarity of the query patch's feature to every patch after the block at the same
-relative depth), each overlaid on the image.  Maps are the mean over heads, or ``--head``.
-Signed maps (InLine, identity) are drawn with a diverging colour map centred at 0.
+Saves one PNG with a row per (image, chosen layer): the image with the query patch marked,
+the teacher's softmax map, each student's implied map (operators with ``attention_map()``:
+elu, relu, hedgehog, identity, inline, mhla) and, when the Adventurer backbone exists, its
+activation map (cosine similarity of the query patch's feature to every patch after the block
+at the same relative depth), each overlaid on the image.  Maps are the mean over heads, or
+``--head``.  Signed maps (InLine, identity) are drawn with a diverging colour map centred at 0.
+``--compare-out`` adds a second PNG comparing the teacher with the first student: attention
+maps and their difference, the first three principal components of the final patch features
+(teacher basis) as RGB, and the per-patch cosine gap of those features.
+
+Images (``--image``, several allowed): real photographs shipped with scikit-image
+(``astronaut``, ``chelsea``, ``coffee``, ``rocket``, ``motorcycle``; the default is
+``astronaut chelsea``), an image file (an existing path wins over a photo name), or ``scene``
+for a procedurally drawn scene.  Each is centre-cropped to the aspect of ``--img-size``.
 
 Weights are random unless checkpoints are given (loaded with
 :func:`mmlinvit.converters.load_pretrained`); without ``--student-ckpt`` every student gets the
 teacher's weights (a student right after linearization, before distillation), so the maps
-differ only by the operator.  Without ``--image`` a procedurally drawn scene is used.
+differ only by the operator.
 
 Example::
 
-    PYTHONPATH=. python tools/analysis/visualize_attention.py --image cat.jpg --query 7 7 \\
-        --students elu inline mhla --layers 0 5 11 --teacher-ckpt deit_base.pth
+    python tools/analysis/visualize_attention.py --image chelsea cat.jpg --query 7 7 \\
+        --students elu inline mhla --layers 0 5 11 --teacher-ckpt deit_base.pth \\
+        --compare-out work_dirs/visualize_attention/compare.png
 """
 import argparse
 import os
@@ -28,7 +37,9 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from mmlinvit.analysis import (activation_similarity_maps, query_attention_maps,  # noqa: E402
+from mmlinvit.analysis import (REAL_PHOTOS, activation_similarity_maps,  # noqa: E402
+                               center_crop_resize, compare_teacher_student, load_photo,
+                               query_attention_maps, save_teacher_student_figure,
                                upsample_map)
 from mmlinvit.backbones import VisionTransformer  # noqa: E402
 from mmlinvit.converters import load_pretrained  # noqa: E402
@@ -58,7 +69,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__.split('\n\n')[0],
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('--image', default=None, help='image path (default: a generated scene)')
+    parser.add_argument('--image', nargs='+', default=['astronaut', 'chelsea'],
+                        help=f'image files, scikit-image photos ({", ".join(REAL_PHOTOS)}) or '
+                        f'"scene" (a generated scene); default: astronaut chelsea')
     parser.add_argument('--img-size', type=parse_size, default=(224, 224),
                         help='resize to N or HxW pixels')
     parser.add_argument('--model', default='vit-b16', choices=list(MODELS))
@@ -79,6 +92,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument('--seed', type=int, default=0)
     parser.add_argument('--out', default=os.path.join(ROOT, 'work_dirs', 'visualize_attention',
                                                       'attention_maps.png'))
+    parser.add_argument('--compare-out', default=None,
+                        help='also write the teacher vs first-student comparison PNG here '
+                        '(attention difference, feature PCA, cosine gap)')
     args = parser.parse_args(argv)
     if args.student_ckpt and len(args.student_ckpt) not in (1, len(args.students)):
         parser.error(f'--student-ckpt takes 1 or {len(args.students)} paths (one per student), '
@@ -86,17 +102,28 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     return args
 
 
-def load_image(path: Optional[str], size_hw: Tuple[int, int], seed: int) -> np.ndarray:
-    """(H, W, 3) uint8 RGB image: the file resized, or a generated scene."""
+def load_image(source: str, size_hw: Tuple[int, int], seed: int) -> Tuple[np.ndarray, str]:
+    """(H, W, 3) uint8 RGB image and its caption.
+
+    Args:
+        source: An image file (wins when it exists), a :data:`REAL_PHOTOS` name, or
+            ``'scene'`` for a generated scene.
+        size_hw: Output (height, width); files and photos are centre-cropped to its aspect.
+        seed: Seed of the generated scene.
+    """
     from PIL import Image
-    if path is None:
+    if os.path.isfile(source):
+        with Image.open(source) as im:
+            return center_crop_resize(np.asarray(im.convert('RGB')), size_hw), \
+                os.path.basename(source)
+    if source in REAL_PHOTOS:
+        return load_photo(source, size_hw), source
+    if source == 'scene':
         from mmlinvit.datasets.synthetic_scenes import draw_scene
         img, _ = draw_scene(np.random.default_rng(seed), size_hw[0], size_hw[1])
-        return img
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f'--image {path!r} does not exist')
-    with Image.open(path) as im:
-        return np.asarray(im.convert('RGB').resize((size_hw[1], size_hw[0]), Image.BICUBIC))
+        return img, 'generated scene'
+    raise FileNotFoundError(f'--image {source!r} is neither an existing file, nor a '
+                            f'scikit-image photo ({", ".join(REAL_PHOTOS)}), nor "scene"')
 
 
 def to_tensor(img: np.ndarray) -> torch.Tensor:
@@ -144,29 +171,31 @@ def relative_block(layer: int, depth: int, other_depth: int) -> int:
     return int(round(layer * (other_depth - 1) / (depth - 1)))
 
 
-def render(image: np.ndarray, columns: List[Tuple[str, Dict[int, torch.Tensor]]],
-           layers: List[int], query: Tuple[int, int], patch: int, path: str,
-           title: str) -> None:
+def render(images: List[np.ndarray], captions: List[str],
+           columns: List[Tuple[str, Dict[int, tuple]]], layers: List[int],
+           query: Tuple[int, int], patch: int, path: str, title: str) -> None:
+    """One row per (image, layer); ``columns`` map layer -> ((B, h, w) maps, title suffix)."""
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
 
-    h_img, w_img = image.shape[:2]
-    ncols = len(columns) + 1
-    fig, axes = plt.subplots(len(layers), ncols, figsize=(3.0 * ncols, 3.0 * len(layers)),
-                             squeeze=False)
-    for r, layer in enumerate(layers):
+    nrows, ncols = len(images) * len(layers), len(columns) + 1
+    fig, axes = plt.subplots(nrows, ncols, figsize=(3.0 * ncols, 3.0 * nrows), squeeze=False)
+    for r in range(nrows):
+        index, layer = divmod(r, len(layers))
+        image, layer = images[index], layers[layer]
+        h_img, w_img = image.shape[:2]
         ax = axes[r, 0]
         ax.imshow(image)
         ax.add_patch(Rectangle((query[1] * patch, query[0] * patch), patch, patch, fill=False,
                                edgecolor='red', linewidth=2))
         ax.set_title(f'query (row {query[0]}, col {query[1]})', fontsize=9)
-        ax.set_ylabel(f'layer {layer}', fontsize=10)
+        ax.set_ylabel(f'{captions[index]}\nlayer {layer}', fontsize=10)
         for c, (name, maps) in enumerate(columns, start=1):
             ax = axes[r, c]
-            grid_map, shown_at = maps[layer]
-            full = upsample_map(grid_map, (h_img, w_img)).numpy()
+            grid_maps, shown_at = maps[layer]
+            full = upsample_map(grid_maps[index], (h_img, w_img)).numpy()
             lo, hi = float(full.min()), float(full.max())
             ax.imshow(image)
             if lo < 0:
@@ -194,16 +223,18 @@ def main(argv: Optional[List[str]] = None) -> str:
     torch.manual_seed(args.seed)
     teacher, students = build_vits(args)
     patch = teacher.patch_size
-    image = load_image(args.image, args.img_size, args.seed)
-    images = to_tensor(image)
-    grid = (image.shape[0] // patch, image.shape[1] // patch)
+    loaded = [load_image(source, args.img_size, args.seed) for source in args.image]
+    pictures = [image for image, _ in loaded]
+    captions = [caption for _, caption in loaded]
+    images = torch.cat([to_tensor(image) for image in pictures])
+    grid = (pictures[0].shape[0] // patch, pictures[0].shape[1] // patch)
     query = tuple(args.query) if args.query is not None else (grid[0] // 2, grid[1] // 2)
     depth = teacher.num_layers
     layers = args.layers if args.layers is not None else sorted({0, depth // 2, depth - 1})
     layers = [layer + depth if layer < 0 else layer for layer in layers]
 
     def with_suffix(maps: Dict[int, torch.Tensor], suffix: str = '') -> Dict[int, tuple]:
-        return {k: (v[0], suffix) for k, v in maps.items()}
+        return {k: (v, suffix) for k, v in maps.items()}
 
     head_text = 'mean over heads' if args.head is None else f'head {args.head}'
     columns = [('softmax (teacher)',
@@ -216,13 +247,21 @@ def main(argv: Optional[List[str]] = None) -> str:
         blocks = {layer: relative_block(layer, depth, adventurer.num_layers) for layer in layers}
         sims = activation_similarity_maps(adventurer, images, query, sorted(set(blocks.values())))
         columns.append(('Adventurer cos-sim', {
-            layer: (sims[block][0], f' (block {block})') for layer, block in blocks.items()
+            layer: (sims[block], f' (block {block})') for layer, block in blocks.items()
         }))
     weights = 'random weights' if not (args.teacher_ckpt or args.student_ckpt) else 'checkpoints'
-    title = (f'{MODELS[args.model][0]}, {image.shape[0]}x{image.shape[1]}, {head_text}, '
-             f'{weights}; overlays: attention of the query patch to every patch')
-    render(image, columns, layers, query, patch, args.out, title)
+    size = f'{pictures[0].shape[0]}x{pictures[0].shape[1]}'
+    title = (f'{MODELS[args.model][0]}, {size}, {head_text}, {weights}; overlays: attention of '
+             f'the query patch to every patch')
+    render(pictures, captions, columns, layers, query, patch, args.out, title)
     print(f'saved {args.out}')
+    if args.compare_out:
+        cmp = compare_teacher_student(teacher, students[0], images, query, layer=layers[-1])
+        save_teacher_student_figure(
+            args.compare_out, pictures, captions, cmp, patch,
+            title=f'{MODELS[args.model][0]}: softmax teacher vs {args.students[0]} student '
+            f'({weights})')
+        print(f'saved {args.compare_out}')
     return args.out
 
 

@@ -1,0 +1,122 @@
+"""Decode every image and label map of a dataset before training (``tools/train.py --check-data``).
+
+A corrupt, truncated or empty file otherwise stops a run when a data worker first reads it,
+possibly hours in (mmseg's ``LoadAnnotations`` then reports a Pillow error on a ``BytesIO``,
+without the file's name).  :func:`scan_dataset_files` reads every file of a built dataset with
+Pillow in full (``Image.load()``, which refuses truncated files), checks that each label map has
+its image's size, and returns the bad files with the reason.  It runs in threads (Pillow's
+decoders release the GIL) and reports progress through a callback.  In a distributed run each
+process scans its share (``rank::world_size``); the caller gathers the results.
+"""
+import concurrent.futures
+import dataclasses
+from typing import Any, Callable, Iterator, List, Optional, Tuple
+
+from PIL import Image
+
+#: Samples per progress report, at most (a report is also made every 5 % of the data).
+PROGRESS_EVERY = 1000
+_CHUNK = 4096
+
+
+@dataclasses.dataclass
+class ScanResult:
+    """Outcome of a scan.
+
+    Args:
+        num_samples: Samples checked.
+        num_files: Files decoded (images + label maps).
+        bad: ``(path, reason)`` of every file that cannot be used.
+    """
+
+    num_samples: int = 0
+    num_files: int = 0
+    bad: List[Tuple[str, str]] = dataclasses.field(default_factory=list)
+
+
+def _decode(path: str) -> Tuple[Optional[Tuple[int, int]], Optional[str]]:
+    """(width, height) of a fully decoded image, or the reason it cannot be decoded."""
+    try:
+        with Image.open(path) as img:
+            img.load()
+            return img.size, None
+    except Exception as err:  # noqa: BLE001 (any decoder failure makes the file unusable)
+        return None, f'cannot be decoded ({type(err).__name__}: {err})'
+
+
+def check_sample(img_path: str, seg_map_path: Optional[str]) -> List[Tuple[str, str]]:
+    """Decodes one image and its label map (if any); returns ``(path, reason)`` problems.
+
+    Args:
+        img_path: Image file.
+        seg_map_path: Label map file, or ``None`` (classification).
+
+    Returns:
+        Problems; empty when both decode and their sizes agree.
+    """
+    problems = []
+    img_size, reason = _decode(img_path)
+    if reason:
+        problems.append((img_path, f'image {reason}'))
+    if seg_map_path is not None:
+        seg_size, reason = _decode(seg_map_path)
+        if reason:
+            problems.append((seg_map_path, f'label map {reason}'))
+        elif img_size is not None and seg_size != img_size:
+            problems.append((seg_map_path,
+                             f'label map is {seg_size[0]}x{seg_size[1]} (WxH) but its image '
+                             f'{img_path!r} is {img_size[0]}x{img_size[1]}'))
+    return problems
+
+
+def iter_sample_files(dataset: Any, rank: int = 0,
+                      world_size: int = 1) -> Iterator[Tuple[str, Optional[str]]]:
+    """(image, label map or ``None``) of every ``world_size``-th sample of a built dataset.
+
+    Samples without an ``img_path`` (e.g. CIFAR's in-memory arrays) are skipped.
+
+    Args:
+        dataset: A fully initialised mmengine ``BaseDataset``.
+        rank: This process's share.
+        world_size: Number of processes sharing the scan.
+    """
+    for idx in range(rank, len(dataset), world_size):
+        info = dataset.get_data_info(idx)
+        if info.get('img_path'):
+            yield info['img_path'], info.get('seg_map_path')
+
+
+def scan_dataset_files(dataset: Any,
+                       rank: int = 0,
+                       world_size: int = 1,
+                       num_threads: int = 4,
+                       progress: Optional[Callable[[int, int, int], None]] = None) -> ScanResult:
+    """Decodes the files of this process's share of ``dataset``.
+
+    Args:
+        dataset: A fully initialised mmengine dataset (mmseg / mmpretrain).
+        rank: This process's share (``rank::world_size``).
+        world_size: Number of processes sharing the scan.
+        num_threads: Decoding threads.
+        progress: ``progress(done, total, num_bad)``, called every :data:`PROGRESS_EVERY`
+            samples or 5 % of the share, and at the end.
+
+    Returns:
+        A :class:`ScanResult` of this share.
+    """
+    samples = list(iter_sample_files(dataset, rank, world_size))
+    total = len(samples)
+    every = max(1, min(PROGRESS_EVERY, total // 20))
+    result = ScanResult()
+    done = 0
+    with concurrent.futures.ThreadPoolExecutor(max(1, num_threads)) as pool:
+        for start in range(0, total, _CHUNK):  # bounded number of pending futures
+            chunk = samples[start:start + _CHUNK]
+            for sample, problems in zip(chunk, pool.map(lambda s: check_sample(*s), chunk)):
+                done += 1
+                result.num_samples += 1
+                result.num_files += 1 + int(sample[1] is not None)
+                result.bad.extend(problems)
+                if progress is not None and (done % every == 0 or done == total):
+                    progress(done, total, len(result.bad))
+    return result

@@ -1,0 +1,201 @@
+"""Which images (and label maps) a dataset config will find, counted before anything is built.
+
+mmseg's ``BaseSegDataset`` lists ``<img_path>/**/*<img_suffix>`` (or the stems of its
+``ann_file``) and expects ``<seg_map_path>/<stem><seg_map_suffix>`` next to each image;
+mmpretrain's ``CustomDataset`` / ``ImageNet`` list class sub-folders (or the lines of an
+``ann_file``) for files with one of its ``extensions``.  An empty folder or a wrong suffix
+makes that list empty, and mmengine then fails inside ``Runner.train()`` with "need at least
+one array to concatenate"; an image without its label map fails hours later in a data worker.
+
+:func:`pair_dataset_files` applies the same rules to the folders with ``os.walk`` (one walk per
+folder, no decoding) and returns a :class:`PairingReport` with the counts and, when something
+does not pair up, a message naming the folder, the suffix looked for and what was found.  The
+dataset's own class resolves the paths and suffix defaults (it is built with
+``lazy_init=True``, which reads no file), so the rules follow mmseg / mmpretrain exactly.
+"""
+import collections
+import copy
+import dataclasses
+import os
+import os.path as osp
+from typing import Any, Dict, List, Optional, Sequence, Set
+
+from mmengine.registry import DATASETS, DefaultScope
+
+#: Examples shown per problem.
+MAX_EXAMPLES = 3
+
+
+@dataclasses.dataclass
+class PairingReport:
+    """What a dataset will load.
+
+    Args:
+        where: Config location of the dataset (``train_dataloader.dataset``).
+        layout: ``'segmentation'`` (images + label maps) or ``'classification'`` (images).
+        num_images: Images the dataset will list.
+        num_labels: Of those, images whose label map exists (segmentation), or ``None``.
+        problems: Human-readable problems (empty: the files pair up).
+    """
+
+    where: str
+    layout: str
+    num_images: int = 0
+    num_labels: Optional[int] = None
+    problems: List[str] = dataclasses.field(default_factory=list)
+
+    def summary(self) -> str:
+        """One line with the counts, for the log."""
+        labels = '' if self.num_labels is None else f', {self.num_labels} label maps'
+        return f'{self.where}: {self.num_images} images{labels}'
+
+
+def build_lazy_dataset(dataset_cfg: dict, scope: Optional[str]) -> Any:
+    """Builds a dataset config through mmengine's registry without reading its files.
+
+    Args:
+        dataset_cfg: One (non-wrapper) dataset config.
+        scope: The config's ``default_scope`` (``'mmseg'`` / ``'mmpretrain'``).
+
+    Returns:
+        The dataset, built with ``lazy_init=True`` (paths joined, suffixes resolved).
+    """
+    cfg = copy.deepcopy(dict(dataset_cfg))
+    cfg['lazy_init'] = True
+    if scope is None:
+        return DATASETS.build(cfg)
+    with DefaultScope.overwrite_default_scope(scope):
+        return DATASETS.build(cfg)
+
+
+def _walk(folder: str) -> List[str]:
+    """Relative paths ('/'-separated) of every file under ``folder``, sorted."""
+    found = []
+    for root, _, files in os.walk(folder, followlinks=True):
+        rel_root = osp.relpath(root, folder)
+        for name in files:
+            found.append(name if rel_root == '.' else f'{rel_root}/{name}'.replace(os.sep, '/'))
+    return sorted(found)
+
+
+def describe_files(files: Sequence[str]) -> str:
+    """``'64 files: 60 *.png, 4 *.txt (e.g. 'a.png', ...)'`` or ``'no files at all'``."""
+    if not files:
+        return 'no files at all'
+    by_ext = collections.Counter(osp.splitext(f)[1].lower() or '(no extension)' for f in files)
+    kinds = ', '.join(f'{n} *{ext}' for ext, n in by_ext.most_common(5))
+    examples = ', '.join(repr(f) for f in files[:MAX_EXAMPLES])
+    return f'{len(files)} files: {kinds} (e.g. {examples})'
+
+
+def _examples(items: Sequence[str]) -> str:
+    shown = ', '.join(repr(i) for i in items[:MAX_EXAMPLES])
+    return shown + (f' and {len(items) - MAX_EXAMPLES} more' if len(items) > MAX_EXAMPLES else '')
+
+
+def _has_ann_file(ann_file: str) -> bool:
+    return bool(ann_file) and not osp.isdir(ann_file)  # mmseg: '' joined with data_root = a dir
+
+
+def _read_lines(path: str) -> List[str]:
+    with open(path) as f:
+        return [line.strip() for line in f if line.strip()]
+
+
+def _pair_segmentation(ds: Any, report: PairingReport) -> None:
+    img_dir = ds.data_prefix.get('img_path') or ''
+    seg_dir = ds.data_prefix.get('seg_map_path')
+    img_suffix, seg_suffix = ds.img_suffix, ds.seg_map_suffix
+    img_files = _walk(img_dir)
+    if _has_ann_file(ds.ann_file):
+        stems = _read_lines(ds.ann_file)
+        present = set(img_files)
+        missing = [s + img_suffix for s in stems if s + img_suffix not in present]
+        if missing:
+            report.problems.append(
+                f'{report.where}: {len(missing)} of the {len(stems)} images listed in '
+                f'{ds.ann_file!r} are not in {img_dir!r} (looked for <stem>{img_suffix}, e.g. '
+                f'{_examples(missing)}); the folder holds {describe_files(img_files)}. Fix '
+                f'img_suffix or data_prefix.img_path, or the list.')
+        images = [s + img_suffix for s in stems if s + img_suffix in present]
+    else:
+        images = [f for f in img_files if f.endswith(img_suffix)]
+        if not images:
+            report.problems.append(
+                f'{report.where}: no images *{img_suffix} under {img_dir!r} (img_suffix='
+                f'{img_suffix!r}); found {describe_files(img_files)}. Set img_suffix to the '
+                f"images' ending (e.g. --cfg-options {report.where}.img_suffix=...) or point "
+                f'data_prefix.img_path at the image folder.')
+    report.num_images = len(images)
+    if seg_dir is None or not images:
+        return
+    label_files: Set[str] = set(_walk(seg_dir))
+    stems = [f[:-len(img_suffix)] if img_suffix else f for f in images]
+    unpaired = [s for s in stems if s + seg_suffix not in label_files]
+    report.num_labels = len(images) - len(unpaired)
+    if unpaired:
+        report.problems.append(
+            f'{report.where}: {len(unpaired)} of {len(images)} images under {img_dir!r} have no '
+            f'label map <stem>{seg_suffix} under {seg_dir!r} (seg_map_suffix={seg_suffix!r}; '
+            f'e.g. {_examples([s + seg_suffix for s in unpaired])}); that folder holds '
+            f'{describe_files(sorted(label_files))}. Fix seg_map_suffix or '
+            f'data_prefix.seg_map_path, or add the missing label maps.')
+
+
+def _pair_classification(ds: Any, report: PairingReport) -> None:
+    folder = ds.img_prefix
+    files = _walk(folder)
+    extensions = tuple(sorted(ds.extensions))
+    valid = [f for f in files if f.lower().endswith(extensions)]
+    if _has_ann_file(ds.ann_file):
+        lines = _read_lines(ds.ann_file)
+        names = [line.rsplit(' ', 1)[0] if ds.with_label else line for line in lines]
+        present = set(files)
+        missing = [n for n in names if n not in present]
+        report.num_images = len(names) - len(missing)
+        if missing:
+            report.problems.append(
+                f'{report.where}: {len(missing)} of the {len(names)} images listed in '
+                f'{ds.ann_file!r} are not under {folder!r} (e.g. {_examples(missing)}); the '
+                f'folder holds {describe_files(files)}.')
+        elif not names:
+            report.problems.append(f'{report.where}: the annotation file {ds.ann_file!r} lists '
+                                   f'no images.')
+        return
+    if ds.with_label:  # one sub-folder per class; files directly in the folder are ignored
+        valid = [f for f in valid if '/' in f]
+    report.num_images = len(valid)
+    if not valid:
+        layout = ('<class>/*' if ds.with_label else '**/*')
+        report.problems.append(
+            f'{report.where}: no images {layout}{{{",".join(extensions)}}} under {folder!r} '
+            f'(with_label={ds.with_label}); found {describe_files(files)}. Point data_prefix '
+            f'at the image folder'
+            + (', put each class in its own sub-folder' if ds.with_label else '')
+            + ', or set extensions= to the images\' ending.')
+
+
+def pair_dataset_files(dataset_cfg: dict, where: str,
+                       scope: Optional[str]) -> Optional[PairingReport]:
+    """Counts the images (and label maps) a dataset config will load; reports what is off.
+
+    Args:
+        dataset_cfg: One (non-wrapper) dataset config whose folders exist.
+        where: Its config location, for messages.
+        scope: The config's ``default_scope``.
+
+    Returns:
+        A :class:`PairingReport`, or ``None`` for datasets that do not read image folders
+        (e.g. CIFAR's pickled batches, COCO json).
+    """
+    ds = build_lazy_dataset(dataset_cfg, scope)
+    prefix: Dict[str, Any] = getattr(ds, 'data_prefix', None) or {}
+    if hasattr(ds, 'img_suffix') and hasattr(ds, 'seg_map_suffix') and prefix.get('img_path'):
+        report = PairingReport(where, 'segmentation')
+        _pair_segmentation(ds, report)
+        return report
+    if hasattr(ds, 'extensions') and hasattr(ds, 'with_label') and prefix.get('img_path'):
+        report = PairingReport(where, 'classification')
+        _pair_classification(ds, report)
+        return report
+    return None

@@ -1,0 +1,93 @@
+"""ViT-Linearizer activation matching: token-by-token cosine-similarity maps."""
+from typing import Optional, Sequence
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .token_utils import (TensorOrSeq, as_tensor_list, check_same_length, patch_tokens,
+                          reduce_over_records)
+
+
+def cosine_similarity_map(feats: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Row-l2-normalised token-by-token cosine-similarity map over the kept tokens.
+
+    Args:
+        feats: (B, L, C) token features.
+        keep: (B, L) bool; columns of dropped tokens are zeroed before the rows are
+            normalised, so each row only involves kept tokens.
+
+    Returns:
+        (B, L, L) map A with A(i, j) = cos(f_i, f_j) (kept j), rows of unit l2 norm.
+    """
+    unit = F.normalize(feats.float(), dim=-1)
+    sim = unit @ unit.transpose(1, 2)
+    sim = sim * keep.unsqueeze(1).to(sim.dtype)
+    return F.normalize(sim, dim=-1)
+
+
+class ActivationMatchingLoss(nn.Module):
+    """L_act = 1 / (K L) sum_k sum_i [1 - <A_t(i, :), A_s(i, :)>] (ViT-Linearizer).
+
+    For each of the K recorded stage boundaries, the patch tokens of student and teacher are
+    turned into cosine-similarity maps A(i, j) = cos(f_i, f_j) with l2-normalised rows; the
+    loss is one minus the inner product of matching rows, averaged over the L rows and the K
+    stages (and the batch).  Maps do not depend on the width, so student and teacher widths
+    may differ; their patch-token counts must agree.
+
+    With ``visible_only=True`` (default, the paper's best setting) and a ``patch_mask``,
+    rows and columns of masked tokens are left out: each image's rows and the average use
+    its visible tokens only.
+
+    Args:
+        loss_weight: Weight of the term.
+        visible_only: Restrict the maps to visible (unmasked) tokens when a mask is given.
+        stage_reduction: ``'mean'`` or ``'sum'`` over stages.
+    """
+
+    def __init__(self, loss_weight: float = 1.0, visible_only: bool = True,
+                 stage_reduction: str = 'mean') -> None:
+        super().__init__()
+        self.loss_weight = loss_weight
+        self.visible_only = visible_only
+        self.stage_reduction = stage_reduction
+
+    def forward(self,
+                student_feats: TensorOrSeq,
+                teacher_feats: TensorOrSeq,
+                patch_mask: Optional[torch.Tensor] = None,
+                student_token_layout: Sequence[int] = (0, 0),
+                teacher_token_layout: Sequence[int] = (0, 0)) -> torch.Tensor:
+        """Weighted loss.
+
+        Args:
+            student_feats: (B, N_s, C_s) tokens at a stage boundary, or one per stage.
+            teacher_feats: (B, N_t, C_t) teacher tokens at the same stages.
+            patch_mask: (B, L) bool, True where the student's patch was masked.
+            student_token_layout: Student ``(prefix, suffix)`` special-token counts.
+            teacher_token_layout: Teacher ``(prefix, suffix)`` special-token counts.
+        """
+        s_list = as_tensor_list(student_feats, 'student_feats')
+        t_list = as_tensor_list(teacher_feats, 'teacher_feats')
+        check_same_length(s_list, t_list, 'ActivationMatchingLoss')
+        values = []
+        for idx, (s, t) in enumerate(zip(s_list, t_list)):
+            s = patch_tokens(s, student_token_layout, f'student stage {idx}')
+            t = patch_tokens(t.detach(), teacher_token_layout, f'teacher stage {idx}')
+            if s.shape[:2] != t.shape[:2]:
+                raise ValueError(f'ActivationMatchingLoss stage {idx}: student patch tokens '
+                                 f'{tuple(s.shape)} and teacher patch tokens {tuple(t.shape)} '
+                                 f'differ in batch or token count')
+            keep = torch.ones(s.shape[:2], dtype=torch.bool, device=s.device)
+            if patch_mask is not None and self.visible_only:
+                if patch_mask.shape != keep.shape:
+                    raise ValueError(f'patch_mask has shape {tuple(patch_mask.shape)} but the '
+                                     f'records have {tuple(keep.shape)} (batch, patches)')
+                keep = ~patch_mask.to(device=s.device, dtype=torch.bool)
+            a_s = cosine_similarity_map(s, keep)
+            a_t = cosine_similarity_map(t, keep)
+            per_row = 1.0 - (a_s * a_t).sum(-1)
+            weight = keep.float()
+            per_image = (per_row * weight).sum(-1) / weight.sum(-1).clamp_min(1.0)
+            values.append(per_image.mean())
+        return self.loss_weight * reduce_over_records(values, self.stage_reduction)

@@ -1,0 +1,97 @@
+"""Per-block attention-output MSE normalised by the teacher's mean square (scale-free lambda).
+
+Seed 000 ("Copy the Same, Distill the Difference") adds ``50 * mean_i MSE(s_i, t_i)`` to the
+task loss for every model and data set.  The size of that MSE is set by the teacher's
+attention-output scale, which differs between models (a 4-block ViT trained on scikit-learn
+digits has ``mean(t_i^2)`` of 0.001-0.0075, DeiT-B blocks are far larger), so one raw lambda
+weighs distillation very differently from one teacher to the next.  This loss divides each
+block's MSE by that block's teacher mean square::
+
+    L = loss_weight * reduce_i [ mean((s_i - t_i)^2) / (mean(t_i^2).detach() + eps) ]
+
+i.e. a per-block relative squared error (0 = exact match, 1 = as far off as predicting zeros).
+It is invariant to a common rescaling of student and teacher outputs, so one ``loss_weight``
+means the same thing for every teacher.  The denominator is computed from the teacher record
+(after the same token selection as the numerator), in float32, and never receives gradients.
+"""
+from typing import Sequence
+
+import torch
+import torch.nn as nn
+
+from .token_utils import (TensorOrSeq, as_tensor_list, check_same_length, check_same_shape,
+                          patch_tokens, reduce_over_records)
+
+
+def normalized_mse(student: torch.Tensor, teacher: torch.Tensor, eps: float) -> torch.Tensor:
+    """``mean((s - t)^2) / (mean(t^2) + eps)`` in float32, the denominator detached.
+
+    Args:
+        student: Student record.
+        teacher: Teacher record of the same shape.
+        eps: Added to the teacher mean square (guards all-zero teacher records).
+    """
+    s, t = student.float(), teacher.detach().float()
+    return (s - t).pow(2).mean() / (t.pow(2).mean() + eps)
+
+
+class NormalizedAttentionOutputMSELoss(nn.Module):
+    """Attention-output MSE per block divided by the teacher's mean square, then reduced.
+
+    Same records, token handling and block reduction as
+    :class:`~mmlinvit.distill.losses.AttentionOutputMSELoss`; only each block's MSE is divided
+    by ``mean(t_i^2) + eps`` (teacher, detached).  ``loss_weight = 1`` weighs a student that
+    outputs zeros in every block like a cross-entropy of one nat (README, "Choosing lambda and
+    which layers to linearize", has the sweep that chose it).
+
+    Args:
+        loss_weight: Weight lambda of the normalised term (scale-free).
+        patch_tokens_only: Compare patch tokens only (see ``AttentionOutputMSELoss``).
+        block_reduction: ``'mean'`` or ``'sum'`` over blocks.
+        eps: Added to each teacher mean square before dividing.  Keep it far below the
+            teacher's mean square (1e-8 by default; the smallest we met is ~1e-3).
+    """
+
+    def __init__(self, loss_weight: float = 1.0, patch_tokens_only: bool = False,
+                 block_reduction: str = 'mean', eps: float = 1e-8) -> None:
+        super().__init__()
+        if block_reduction not in ('mean', 'sum'):
+            raise ValueError(f"block_reduction must be 'mean' or 'sum', got {block_reduction!r}")
+        if not eps > 0:
+            raise ValueError(f'eps must be positive (it guards all-zero teacher records), got '
+                             f'{eps}')
+        self.loss_weight = loss_weight
+        self.patch_tokens_only = patch_tokens_only
+        self.block_reduction = block_reduction
+        self.eps = eps
+
+    def forward(self,
+                student_outputs: TensorOrSeq,
+                teacher_outputs: TensorOrSeq,
+                student_token_layout: Sequence[int] = (0, 0),
+                teacher_token_layout: Sequence[int] = (0, 0)) -> torch.Tensor:
+        """Weighted loss.
+
+        Args:
+            student_outputs: (B, N_s, C) attention output, or one per block.
+            teacher_outputs: (B, N_t, C) teacher attention output(s), same blocks.
+            student_token_layout: Student ``(prefix, suffix)`` special-token counts.
+            teacher_token_layout: Teacher ``(prefix, suffix)`` special-token counts.
+        """
+        what = type(self).__name__
+        s_list = as_tensor_list(student_outputs, 'the student record')
+        t_list = as_tensor_list(teacher_outputs, 'the teacher record')
+        check_same_length(s_list, t_list, what)
+        values = []
+        for idx, (s, t) in enumerate(zip(s_list, t_list)):
+            if self.patch_tokens_only:
+                s = patch_tokens(s, student_token_layout, f'student record {idx}')
+                t = patch_tokens(t, teacher_token_layout, f'teacher record {idx}')
+            hint = None
+            if s.ndim == 3 and t.ndim == 3 and s.shape[-1] == t.shape[-1]:
+                if not self.patch_tokens_only:
+                    hint = ('the token counts differ: set patch_tokens_only=True and map the '
+                            'student/teacher token layouts')
+            check_same_shape(s, t, f'{what} record {idx}', hint)
+            values.append(normalized_mse(s, t, self.eps))
+        return self.loss_weight * reduce_over_records(values, self.block_reduction)

@@ -1,0 +1,305 @@
+"""Pre-flight: image folders that do not pair up, batch size 1 with BatchNorm heads, and the
+opt-in full decode of every file (``tools/train.py --check-data``).
+
+Data are generated in the real mmseg / mmpretrain layouts and read through the real dataset
+classes; the end-to-end cases go through ``tools/train.py`` and mmengine's Runner.
+"""
+import importlib.util
+import logging
+import os
+import os.path as osp
+
+import numpy as np
+import pytest
+import torch
+from mmengine.config import Config
+from mmengine.logging import MMLogger
+from PIL import Image
+
+from mmlinvit.datasets import make_ade20k_layout, make_cityscapes_layout
+from mmlinvit.engine.preflight import (BatchNormBatchSizeError, DataCheckError,
+                                       MissingInputsError, check_data, check_inputs,
+                                       find_batch_norm_problem, find_missing_inputs)
+
+REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+DEMO = osp.join(REPO, 'configs', 'demo', 'upernet_vit-tiny-softmax_toy-64x64.py')
+
+
+def _load_train_tool():
+    spec = importlib.util.spec_from_file_location('mmlinvit_tool_train_preflight',
+                                                  osp.join(REPO, 'tools', 'train.py'))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _demo_cfg(data_root: str, work_dir: str) -> Config:
+    cfg = Config.fromfile(DEMO)
+    for loader in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
+        cfg[loader].dataset.data_root = data_root
+    cfg.work_dir = work_dir
+    cfg.launcher = 'none'
+    return cfg
+
+
+def _seg_cfg(dataset: dict, batch_size: int = 2) -> Config:
+    return Config(dict(default_scope='mmseg',
+                       train_dataloader=dict(batch_size=batch_size, dataset=dataset),
+                       model=dict()))
+
+
+def _ade_dataset(root: str, **kwargs) -> dict:
+    return dict(type='ADE20KDataset', data_root=root, pipeline=[],
+                data_prefix=dict(img_path='images/training',
+                                 seg_map_path='annotations/training'), **kwargs)
+
+
+@pytest.fixture()
+def ade(tmp_path) -> str:
+    root = str(tmp_path / 'ADEChallengeData2016')
+    make_ade20k_layout(root, num_train=6, num_val=2, size=(32, 32), seed=0)
+    return root
+
+
+# ---------------------------------------------------------------- images and labels pair up
+def test_ade_counts_reported(ade):
+    counts = []
+    assert find_missing_inputs(_seg_cfg(_ade_dataset(ade)), counts=counts) == []
+    assert counts == ['train_dataloader.dataset: 6 images, 6 label maps']
+
+
+def test_empty_image_folder_names_folder_and_suffix(ade):
+    for name in os.listdir(osp.join(ade, 'images', 'training')):
+        os.remove(osp.join(ade, 'images', 'training', name))
+    with pytest.raises(MissingInputsError) as exc:
+        check_inputs(_seg_cfg(_ade_dataset(ade)))
+    msg = str(exc.value)
+    assert osp.join(ade, 'images/training') in msg
+    assert "no images *.jpg" in msg and 'no files at all' in msg
+
+
+def test_wrong_img_suffix_says_what_was_found(ade):
+    with pytest.raises(MissingInputsError) as exc:
+        check_inputs(_seg_cfg(_ade_dataset(ade, img_suffix='.png')))
+    msg = str(exc.value)
+    assert "no images *.png" in msg and "img_suffix='.png'" in msg
+    assert '6 files: 6 *.jpg' in msg and 'ADE_train_00000000.jpg' in msg
+
+
+def test_images_without_label_maps(ade):
+    os.remove(osp.join(ade, 'annotations', 'training', 'ADE_train_00000003.png'))
+    with pytest.raises(MissingInputsError, match=r'1 of 6 images .* no label map') as exc:
+        check_inputs(_seg_cfg(_ade_dataset(ade)))
+    assert 'ADE_train_00000003.png' in str(exc.value)
+
+
+def test_label_maps_of_another_naming(ade):
+    """Label maps exist with the suffix, but not with the images' stems."""
+    ann_dir = osp.join(ade, 'annotations', 'training')
+    for name in os.listdir(ann_dir):
+        os.rename(osp.join(ann_dir, name), osp.join(ann_dir, 'seg_' + name))
+    with pytest.raises(MissingInputsError) as exc:
+        check_inputs(_seg_cfg(_ade_dataset(ade)))
+    msg = str(exc.value)
+    assert '6 of 6 images' in msg and "seg_map_suffix='.png'" in msg
+    assert "6 files: 6 *.png (e.g. 'seg_ADE_train_00000000.png'" in msg
+
+
+def test_ann_file_listing_missing_images(ade):
+    with open(osp.join(ade, 'train.txt'), 'w') as f:
+        f.write('ADE_train_00000000\nADE_train_00000001\nnot_there\n')
+    counts = []
+    problems = find_missing_inputs(_seg_cfg(_ade_dataset(ade, ann_file='train.txt')),
+                                   counts=counts)
+    assert len(problems) == 1 and "1 of the 3 images listed in" in problems[0]
+    assert "'not_there.jpg'" in problems[0]
+
+
+def test_cityscapes_layout(tmp_path):
+    root = str(tmp_path / 'cityscapes')
+    make_cityscapes_layout(root, num_train=3, num_val=1, size=(16, 32))
+    dataset = dict(type='CityscapesDataset', data_root=root, pipeline=[],
+                   data_prefix=dict(img_path='leftImg8bit/train', seg_map_path='gtFine/train'))
+    counts = []
+    assert find_missing_inputs(_seg_cfg(dataset), counts=counts) == []
+    assert counts == ['train_dataloader.dataset: 3 images, 3 label maps']
+    dataset['img_suffix'] = '.jpg'
+    problems = find_missing_inputs(_seg_cfg(dataset))
+    assert len(problems) == 1 and 'no images *.jpg' in problems[0]
+    assert '3 files: 3 *.png' in problems[0]
+
+
+def _write_images(folder: str, names) -> None:
+    for name in names:
+        os.makedirs(osp.dirname(osp.join(folder, name)), exist_ok=True)
+        Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(osp.join(folder, name))
+
+
+def test_mmpretrain_image_folders(tmp_path):
+    root = str(tmp_path / 'imgs')
+    os.makedirs(osp.join(root, 'train'))
+    unlabelled = dict(type='CustomDataset', data_root=root, data_prefix='train',
+                      with_label=False, pipeline=[])
+    cfg = Config(dict(default_scope='mmpretrain',
+                      train_dataloader=dict(batch_size=2, dataset=unlabelled)))
+    problems = find_missing_inputs(cfg)
+    assert len(problems) == 1 and osp.join(root, 'train') in problems[0]
+    assert 'no files at all' in problems[0] and '.jpg' in problems[0]
+
+    _write_images(osp.join(root, 'train'), ['a/1.png', 'a/2.png', 'b/3.png', 'loose.png'])
+    counts = []
+    assert find_missing_inputs(cfg, counts=counts) == []
+    assert counts == ['train_dataloader.dataset: 4 images']
+
+    labelled = dict(type='ImageNet', data_root=root, split='train', pipeline=[])
+    cfg = Config(dict(default_scope='mmpretrain',
+                      train_dataloader=dict(batch_size=2, dataset=labelled)))
+    counts = []
+    assert find_missing_inputs(cfg, counts=counts) == []
+    assert counts == ['train_dataloader.dataset: 3 images']  # loose.png is in no class folder
+
+    os.makedirs(osp.join(root, 'meta'))
+    with open(osp.join(root, 'meta', 'train.txt'), 'w') as f:
+        f.write('a/1.png 0\nb/3.png 1\nb/4.png 1\n')
+    problems = find_missing_inputs(cfg)  # ImageNet now reads meta/train.txt
+    assert len(problems) == 1 and "1 of the 3 images listed in" in problems[0]
+    assert "'b/4.png'" in problems[0]
+
+
+def test_train_tool_stops_on_empty_folder_before_building(tmp_path):
+    root = str(tmp_path / 'toy')
+    make_ade20k_layout(root, num_train=4, num_val=2, size=(32, 32))
+    img_dir = osp.join(root, 'images', 'training')
+    for name in os.listdir(img_dir):  # images lost, label maps still there
+        os.remove(osp.join(img_dir, name))
+    cfg = _demo_cfg(root, str(tmp_path / 'wd'))
+    cfg_file = str(tmp_path / 'cfg.py')
+    cfg.dump(cfg_file)
+    with pytest.raises(SystemExit) as exc:
+        _load_train_tool().main([cfg_file, '--work-dir', str(tmp_path / 'wd')])
+    msg = str(exc.value)
+    assert msg.startswith('error:') and osp.join(root, 'images/training') in msg
+    assert 'no images *.jpg' in msg
+    assert not (tmp_path / 'wd').exists()
+
+
+# ------------------------------------------------------------ batch size 1 with BatchNorm heads
+def test_batch_size_one_with_bn_heads_is_refused(tmp_path, ade):
+    cfg = _demo_cfg(ade, str(tmp_path / 'wd'))
+    cfg.train_dataloader.dataset.data_prefix = dict(img_path='images/training',
+                                                    seg_map_path='annotations/training')
+    assert find_batch_norm_problem(cfg) is None  # batch size 8
+    cfg.train_dataloader.batch_size = 1
+    with pytest.raises(BatchNormBatchSizeError) as exc:
+        check_inputs(cfg)
+    msg = str(exc.value)
+    assert 'train_dataloader.batch_size=1' in msg and 'model.decode_head.norm_cfg=BN' in msg
+    assert 'train_dataloader.batch_size=2' in msg and "type='GN'" in msg
+    assert 'model.neck' not in msg  # the neck's BN sees whole feature maps
+
+    gn = dict(type='GN', num_groups=8, requires_grad=True)
+    cfg.model.decode_head.norm_cfg = gn
+    assert find_batch_norm_problem(cfg) is None
+    cfg.model.decode_head.norm_cfg = dict(type='SyncBN', requires_grad=True)
+    assert 'SyncBN' in find_batch_norm_problem(cfg)  # one process: SyncBN is BN
+    cfg.launcher = 'pytorch'
+    assert find_batch_norm_problem(cfg) is None  # synchronised over the GPUs
+
+
+def test_batch_size_one_really_fails_in_mmseg(ade):
+    """What the check prevents: the demo model with BN heads cannot train on one image."""
+    from mmengine.registry import init_default_scope
+    from mmengine.structures import PixelData
+    from mmseg.registry import MODELS
+    from mmseg.structures import SegDataSample
+    cfg = Config.fromfile(DEMO)
+    init_default_scope('mmseg')
+
+    def loss(norm_cfg):
+        model_cfg = cfg.model.copy()
+        model_cfg.decode_head = dict(cfg.model.decode_head, norm_cfg=norm_cfg)
+        model = MODELS.build(model_cfg).train()
+        sample = SegDataSample(metainfo=dict(img_shape=(64, 64), pad_shape=(64, 64)))
+        sample.gt_sem_seg = PixelData(data=torch.zeros(1, 64, 64, dtype=torch.long))
+        return model.loss(torch.randn(1, 3, 64, 64), [sample])
+
+    with pytest.raises(ValueError, match='Expected more than 1 value per channel'):
+        loss(dict(type='BN', requires_grad=True))
+    loss(dict(type='GN', num_groups=8, requires_grad=True))  # the advised fix trains
+
+
+# ------------------------------------------------------------------------------ --check-data
+def _corrupt(ade: str):
+    img_dir = osp.join(ade, 'images', 'training')
+    ann_dir = osp.join(ade, 'annotations', 'training')
+    truncated = osp.join(img_dir, 'ADE_train_00000001.jpg')
+    with open(truncated, 'rb') as f:
+        data = f.read()
+    with open(truncated, 'wb') as f:
+        f.write(data[:len(data) // 2])
+    garbage = osp.join(ann_dir, 'ADE_train_00000002.png')
+    with open(garbage, 'wb') as f:
+        f.write(os.urandom(300))
+    resized = osp.join(ann_dir, 'ADE_train_00000004.png')
+    Image.fromarray(np.zeros((16, 32), np.uint8)).save(resized)
+    return truncated, garbage, resized
+
+
+class _Collect(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.lines = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+def test_check_data_names_bad_files(tmp_path, ade):
+    truncated, garbage, resized = _corrupt(ade)
+    cfg = _demo_cfg(ade, str(tmp_path / 'wd'))
+    logger = MMLogger.get_current_instance()
+    collect = _Collect()
+    logger.addHandler(collect)
+    try:
+        with pytest.raises(DataCheckError) as exc:
+            check_data(cfg)
+    finally:
+        logger.removeHandler(collect)
+    msg = str(exc.value)
+    assert '3 bad file(s) among 8 samples' in msg  # 6 train + 2 val
+    assert f'{truncated}: image cannot be decoded' in msg and 'truncated' in msg.lower()
+    assert f'{garbage}: label map cannot be decoded' in msg
+    assert f'{resized}: label map is 32x16 (WxH) but its image' in msg
+    with open(tmp_path / 'wd' / 'bad_data_files.txt') as f:
+        assert len(f.read().splitlines()) == 3
+    out = '\n'.join(collect.lines)
+    assert 'check-data train_dataloader.dataset: 6/6 samples decoded' in out
+    assert 'check-data val_dataloader.dataset: 2/2 samples decoded, 0 bad file(s)' in out
+
+
+def test_corrupt_label_map_is_not_named_by_mmseg(ade):
+    """Why the scan exists: mmseg's loader fails on a corrupt label map without its path."""
+    from mmseg.datasets.transforms import LoadAnnotations
+    _, garbage, _ = _corrupt(ade)
+    with pytest.raises(Exception) as exc:
+        LoadAnnotations()(dict(seg_map_path=garbage, reduce_zero_label=False, seg_fields=[]))
+    assert 'ADE_train_00000002' not in str(exc.value)
+
+
+def test_train_tool_check_data(tmp_path, ade):
+    cfg = _demo_cfg(ade, str(tmp_path / 'wd'))
+    cfg.train_cfg.max_iters = 1
+    cfg.train_cfg.val_interval = 10
+    cfg.train_dataloader.batch_size = 2
+    cfg_file = str(tmp_path / 'cfg.py')
+    cfg.dump(cfg_file)
+    train = _load_train_tool()
+    train.main([cfg_file, '--work-dir', str(tmp_path / 'wd'), '--check-data'])  # clean: trains
+    assert osp.isfile(tmp_path / 'wd' / 'iter_1.pth')
+
+    truncated, _, _ = _corrupt(ade)
+    with pytest.raises(SystemExit) as exc:
+        train.main([cfg_file, '--work-dir', str(tmp_path / 'wd2'), '--check-data'])
+    msg = str(exc.value)
+    assert msg.startswith('error: --check-data: 3 bad file(s)') and truncated in msg
+    assert not osp.exists(tmp_path / 'wd2' / 'iter_1.pth')

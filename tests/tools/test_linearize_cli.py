@@ -1,0 +1,76 @@
+"""tools/linearize.py: an unknown operator / strategy / arch / family is a one-line ``error:``
+listing the registered names (exit status 2), checked before the teacher checkpoint is read."""
+import os.path as osp
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from mmlinvit.backbones import VisionTransformer
+from mmlinvit.layers.attention import ATTENTION_OPERATORS
+from mmlinvit.transfer import TRANSFER_STRATEGIES
+
+REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+TOOL = osp.join(REPO, 'tools', 'linearize.py')
+TINY = '{"embed_dims": 32, "num_layers": 2, "num_heads": 2, "mlp_hidden_dims": 64}'
+
+
+@pytest.fixture(scope='module')
+def teacher(tmp_path_factory) -> str:
+    path = str(tmp_path_factory.mktemp('lin') / 'teacher.pth')
+    model = VisionTransformer(dict(embed_dims=32, num_layers=2, num_heads=2, mlp_hidden_dims=64),
+                              family='deit', img_size=32)
+    torch.save(model.state_dict(), path)
+    return path
+
+
+def _run(args):
+    return subprocess.run([sys.executable, TOOL] + args, capture_output=True, text=True,
+                          cwd=REPO, env=dict(__import__('os').environ, OMP_NUM_THREADS='1'))
+
+
+def test_unknown_operator_is_an_error_line(teacher, tmp_path):
+    out = str(tmp_path / 's.pth')
+    proc = _run([teacher, out, '--arch', TINY, '--operator', 'eluu'])
+    assert proc.returncode == 2, proc.stderr
+    assert 'Traceback' not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: unknown operator 'eluu'")
+    assert all(name in lines[0] for name in ATTENTION_OPERATORS.names)
+    assert not osp.exists(out)
+
+
+@pytest.mark.parametrize('args,expected', [
+    (['--operator', 'elu', '--strategy', 'mlpcopy'], "error: unknown strategy 'mlpcopy'"),
+    (['--operator-per-layer', 'softmax,relux'],
+     "error: unknown operator 'relux' (layer 1 of --operator-per-layer)"),
+    (['--operator', '{"type": "nope"}'], "error: unknown operator 'nope'"),
+    (['--operator', 'elu', '--arch', 'xl'], "error: unknown arch 'xl'"),
+    (['--operator', 'elu', '--family', 'dino'], "error: unknown family 'dino'"),
+])
+def test_unknown_names_in_process(teacher, tmp_path, capsys, args, expected):
+    sys.path.insert(0, osp.join(REPO, 'tools'))
+    try:
+        import linearize
+    finally:
+        sys.path.pop(0)
+    argv = [teacher, str(tmp_path / 's.pth')] + (['--arch', TINY] if '--arch' not in args
+                                                  else []) + args
+    with pytest.raises(SystemExit) as exc:
+        linearize.main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(expected), err
+    if 'strategy' in expected:
+        assert all(name in err for name in TRANSFER_STRATEGIES.names)
+
+
+def test_registry_message_plural():
+    """The registry's own message reads 'strategies' (it said 'strategys')."""
+    with pytest.raises(KeyError) as exc:
+        TRANSFER_STRATEGIES.get('nope')
+    assert 'Registered weight-transfer strategies: ' in str(exc.value)
+    assert 'strateg' + 'ys' not in str(exc.value)
+    with pytest.raises(KeyError, match='Registered attention operators: '):
+        ATTENTION_OPERATORS.get('nope')
