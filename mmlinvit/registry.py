@@ -4,6 +4,7 @@ Configs that keep ``default_scope='mmseg'`` or ``'mmpretrain'`` can name any mml
 as ``type='mmlinvit.X'`` without ``custom_imports``: mmengine imports ``mmlinvit.registry`` for
 the ``mmlinvit`` scope, and each registry imports its ``locations`` lazily on first lookup.
 """
+from mmengine.registry import DATA_SAMPLERS as MMENGINE_DATA_SAMPLERS
 from mmengine.registry import DATASETS as MMENGINE_DATASETS
 from mmengine.registry import HOOKS as MMENGINE_HOOKS
 from mmengine.registry import METRICS as MMENGINE_METRICS
@@ -26,10 +27,18 @@ OPTIM_WRAPPER_CONSTRUCTORS = Registry('optimizer wrapper constructor',
                                       locations=['mmlinvit.engine'])
 #: Datasets.
 DATASETS = Registry('dataset', parent=MMENGINE_DATASETS, scope='mmlinvit',
-                    locations=['mmlinvit.datasets'])
+                    locations=['mmlinvit.datasets', 'mmlinvit.engine'])
+#: Data samplers (tools/train.py's per-sample seeding wrapper, mmlinvit.engine.sample_seeding).
+DATA_SAMPLERS = Registry('data sampler', parent=MMENGINE_DATA_SAMPLERS, scope='mmlinvit',
+                         locations=['mmlinvit.engine'])
 #: Data transforms.
 TRANSFORMS = Registry('transform', parent=MMENGINE_TRANSFORMS, scope='mmlinvit',
                       locations=['mmlinvit.datasets'])
 #: Metrics.
 METRICS = Registry('metric', parent=MMENGINE_METRICS, scope='mmlinvit',
                    locations=['mmlinvit.evaluation'])
+
+# ``_base_ = ['mmseg::...']`` etc. with the OneDL pip names, and ``mmlinvit::`` bases.
+from mmlinvit.config_scopes import register_config_scopes  # noqa: E402
+
+register_config_scopes()

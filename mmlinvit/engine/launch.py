@@ -21,7 +21,11 @@ from mmengine.config import Config, ConfigDict, DictAction
 from mmengine.logging import print_log
 from mmengine.runner import Runner
 
+from mmlinvit.config_scopes import register_config_scopes
+from mmlinvit.converters.checkpoint_file import check_checkpoint_file
+
 from .preflight import check_inputs
+from .resume import check_resume_or_load_from
 
 #: ``--launcher`` choices (mmengine's).
 LAUNCHERS = ('none', 'pytorch', 'slurm', 'mpi')
@@ -50,7 +54,12 @@ def parse_launch_args(parser: argparse.ArgumentParser,
 
 
 def load_config(path: str, cfg_options: Optional[dict] = None) -> Config:
-    """Reads a config file and merges ``--cfg-options`` overrides into it."""
+    """Reads a config file and merges ``--cfg-options`` overrides into it.
+
+    ``mmseg::`` / ``mmpretrain::`` / ``mmdet::`` / ``mmlinvit::`` bases resolve
+    (:func:`mmlinvit.config_scopes.register_config_scopes`).
+    """
+    register_config_scopes()
     cfg = Config.fromfile(path)
     if cfg_options is not None:
         cfg.merge_from_dict(cfg_options)
@@ -300,8 +309,74 @@ def init_cpu_distributed(launcher: str) -> None:
     dist.init_process_group(backend='gloo')
 
 
+def _add_custom_hook(cfg: Config, hook_type: str) -> None:
+    hooks = list(cfg.get('custom_hooks', None) or [])
+    names = {h.get('type') for h in hooks if isinstance(h, dict)}
+    short = hook_type.split('.', 1)[1]
+    if hook_type not in names and short not in names:
+        hooks.append(dict(type=hook_type))
+    cfg.custom_hooks = hooks
+
+
+def seed_samples_of_train_loader(cfg: Config) -> bool:
+    """Puts the training data pipeline on per-sample random streams (exact ``--resume``).
+
+    Wraps ``train_dataloader.dataset`` / ``.sampler`` in ``mmlinvit.SampleSeedDataset`` /
+    ``mmlinvit.SampleSeedSampler`` (:mod:`mmlinvit.engine.sample_seeding`).  Loaders with a
+    ``batch_sampler`` (whose batching reads indices) are left as they are, with a warning.
+
+    Args:
+        cfg: The config, changed in place.
+
+    Returns:
+        Whether the loader is (now) wrapped.
+    """
+    loader = cfg.get('train_dataloader', None)
+    if not loader:
+        return False
+    dataset, sampler = loader.get('dataset'), loader.get('sampler')
+    if isinstance(dataset, dict) and dataset.get('type') == 'mmlinvit.SampleSeedDataset':
+        return True
+    if loader.get('batch_sampler') or not isinstance(dataset, dict) or \
+            not isinstance(sampler, dict):
+        print_log('train_dataloader has a batch_sampler or a built dataset / sampler: its '
+                  'random augmentation is not put on per-sample streams, so --resume will '
+                  'not reproduce it exactly', logger='current', level=logging.WARNING)
+        return False
+    loader['dataset'] = dict(type='mmlinvit.SampleSeedDataset', dataset=dataset)
+    loader['sampler'] = dict(type='mmlinvit.SampleSeedSampler', sampler=sampler)
+    return True
+
+
+def add_training_safeguards(cfg: Config) -> Config:
+    """What ``tools/train.py`` adds to every training run.
+
+    * ``mmlinvit.CheckFiniteHook``: stop at the first non-finite loss / gradient norm, never
+      save non-finite weights;
+    * unless the config sets ``exact_resume = False``: ``mmlinvit.RandomStateHook`` (random
+      states of every rank saved in checkpoints, restored on ``--resume``) and per-sample
+      random streams for the data pipeline (:func:`seed_samples_of_train_loader`).
+
+    Args:
+        cfg: The prepared config, changed in place.
+
+    Returns:
+        The same config.
+    """
+    _add_custom_hook(cfg, 'mmlinvit.CheckFiniteHook')
+    if cfg.get('exact_resume', True):
+        _add_custom_hook(cfg, 'mmlinvit.RandomStateHook')
+        seed_samples_of_train_loader(cfg)
+    return cfg
+
+
 def build_runner(cfg: Config, mode: str = 'train', checkpoint: Optional[str] = None) -> Runner:
     """Checks every input path, then builds the runner (``RUNNERS`` when ``runner_type`` is set).
+
+    For training, ``--resume`` is resolved here (the newest intact checkpoint of the work dir,
+    or an error when there is none; :mod:`mmlinvit.engine.resume`), the checkpoint to load is
+    checked, and :func:`add_training_safeguards` is applied.  For testing, the checkpoint file
+    is checked.
 
     Args:
         cfg: The prepared config.
@@ -312,8 +387,29 @@ def build_runner(cfg: Config, mode: str = 'train', checkpoint: Optional[str] = N
         The runner.
     """
     check_inputs(cfg, mode=mode, checkpoint=checkpoint)
+    if mode == 'train':
+        cfg.load_from = check_resume_or_load_from(bool(cfg.get('resume', False)),
+                                                  cfg.get('load_from', None), cfg.work_dir)
+        add_training_safeguards(cfg)
+    elif checkpoint is not None:
+        check_checkpoint_file(checkpoint)
     init_cpu_distributed(cfg.get('launcher', 'none'))
     if 'runner_type' in cfg:
         from mmengine.registry import RUNNERS
         return RUNNERS.build(cfg)
     return Runner.from_cfg(cfg)
+
+
+def finish_distributed() -> None:
+    """Destroys the default process group after a successful run (no-op without one).
+
+    A gloo process group left to the interpreter's exit is torn down while its C++ worker
+    threads still hold work objects with Python references; the process then aborts
+    ("terminate called without an active exception", SIGABRT) after a correct run.  PyTorch
+    asks applications to call ``destroy_process_group`` at the end of ``main``.  Called on
+    success only: after an error, other ranks may still be inside a collective.
+    """
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()

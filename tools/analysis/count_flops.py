@@ -1,4 +1,20 @@
-"""Counted vs analytic GFLOPs of softmax and linear ViTs (and Adventurer) per resolution.
+"""FLOPs and parameters of any mmlinvit config, or counted vs analytic GFLOPs of ViTs.
+
+With a CONFIG (classification, segmentation or distillation), builds the model that is
+deployed (a ``DistillationModel``'s student, or the config's model) without reading any
+checkpoint and counts one batch-1 inference at the config's training crop (``crop_size``,
+else the train pipeline's crop, else ``--shape``): ``ImageClassifier`` logits,
+``EncoderDecoder.inference`` in ``'whole'`` mode (backbone, neck and decode head, Mask2Former
+included; auxiliary heads are training-only and not run), or the bare backbone's forward.
+Parameters are all of that model's parameters (auxiliary heads included).  The distillation
+teacher is described, not counted.  ``tools/analysis/model_index.py`` writes these numbers
+into ``model-index.yml`` / ``configs/**/metafile.yml``::
+
+    python tools/analysis/count_flops.py configs/adala_dinov2_ade20k.py
+    python tools/analysis/count_flops.py CONFIG --shape 1024 1024 --device cpu
+
+Without a CONFIG: counted vs analytic GFLOPs of softmax and linear ViTs (and Adventurer) per
+resolution.
 
 Counts one batch-1 forward with :class:`mmlinvit.analysis.FlopCounter` (torch's
 FlopCounterMode plus handlers for CPU SDPA and the Triton linear-attention Function) on
@@ -12,7 +28,7 @@ Next to each count it prints the issue's analytic convention, per layer
 
 Example::
 
-    PYTHONPATH=. python tools/analysis/count_flops.py
+    PYTHONPATH=. python tools/analysis/count_flops.py --models vit-b16 vit-l14
     PYTHONPATH=. python tools/analysis/count_flops.py --models vit-b16 \\
         --operators softmax elu inline
 """
@@ -23,12 +39,14 @@ import sys
 from typing import Dict, List, Optional, Tuple
 
 import torch
+from mmengine.config import DictAction
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from mmlinvit.analysis import (ANALYTIC_OPERATORS, FLOP_CONVENTION, analytic_vit_flops,  # noqa
                                count_flops)
 from mmlinvit.backbones import VIT_SIZES, VisionTransformer  # noqa: E402
+from mmlinvit.engine.preflight import CHECKPOINT_KEYS  # noqa: E402
 
 #: name -> (label, arch, family); patch size and prefix tokens come from the family.
 VIT_MODELS = {
@@ -55,6 +73,12 @@ def size_label(hw: Tuple[int, int]) -> str:
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('config', nargs='?', default=None,
+                        help='an mmlinvit config: count its deployed model at its crop')
+    parser.add_argument('--shape', nargs='+', type=int, default=None,
+                        help='CONFIG mode: input H [W] instead of the config crop')
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction, default=None,
+                        help='CONFIG mode: override config keys')
     parser.add_argument('--models', nargs='+', default=list(VIT_MODELS), choices=list(VIT_MODELS))
     parser.add_argument('--operators', nargs='+', default=['softmax', 'elu'],
                         help='attention operators; the first is the baseline of the ratios')
@@ -67,7 +91,190 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument('--no-adventurer', action='store_true',
                         help='skip Adventurer (counted at the ViT-B/16 sizes when present)')
     parser.add_argument('--json-out', default=None, help='also write the rows as JSON')
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.shape is not None and (args.config is None or len(args.shape) not in (1, 2)):
+        parser.error('--shape H [W] needs a CONFIG')
+    return args
+
+
+# ------------------------------------------------------------------------------ config mode
+#: ``model.type`` of mmlinvit's distillation wrapper.
+DISTILLATION_TYPES = ('mmlinvit.DistillationModel', 'DistillationModel')
+
+
+def _pipeline_crop(pipeline: object) -> Optional[Tuple[int, int]]:
+    """(H, W) of the first cropping transform of a pipeline, or None."""
+    for step in pipeline or []:
+        if not isinstance(step, dict):
+            continue
+        kind = str(step.get('type', '')).split('.')[-1]
+        size = None
+        if kind in ('RandomResizedCrop', 'RandomResizedCropAndInterpolationWithTwoPic'):
+            size = step.get('scale', step.get('size'))
+        elif kind in ('RandomCrop', 'CenterCrop'):
+            size = step.get('crop_size', step.get('size'))
+        if size is not None:
+            if isinstance(size, int):
+                return (size, size)
+            if isinstance(size, (list, tuple)) and len(size) == 2:
+                # mmpretrain crop sizes are (w, h) tuples, mmseg RandomCrop sizes (h, w);
+                # every square crop reads the same either way, other ones are ambiguous
+                if size[0] != size[1] and kind != 'RandomCrop':
+                    raise ValueError(f'{kind} size {size} is not square: pass --shape H W')
+                return (int(size[0]), int(size[1]))
+    return None
+
+
+def _loader_pipeline(cfg: object, loader: str) -> Optional[list]:
+    node = cfg.get(loader, None)
+    dataset = node.get('dataset', None) if node else None
+    while isinstance(dataset, dict) and 'pipeline' not in dataset and 'dataset' in dataset:
+        dataset = dataset['dataset']
+    return dataset.get('pipeline', None) if isinstance(dataset, dict) else None
+
+
+def config_input_size(cfg: object) -> Tuple[int, int]:
+    """The (H, W) a config trains at: ``crop_size``, else the train / test pipeline's crop.
+
+    Args:
+        cfg: A loaded mmengine ``Config``.
+
+    Returns:
+        (height, width).
+
+    Raises:
+        ValueError: The config names no crop (pass ``--shape``).
+    """
+    crop = cfg.get('crop_size', None)
+    if crop is not None:
+        crop = (crop, crop) if isinstance(crop, int) else tuple(crop)
+        return (int(crop[0]), int(crop[1]))
+    for loader in ('train_dataloader', 'test_dataloader', 'val_dataloader'):
+        size = _pipeline_crop(_loader_pipeline(cfg, loader))
+        if size is not None:
+            return size
+    raise ValueError('the config has no crop_size and no cropping transform in its pipelines: '
+                     'pass --shape H W')
+
+
+def _clear_checkpoints(node: object) -> None:
+    """Sets checkpoint paths and ``Pretrained`` init_cfgs to None: no weights are read."""
+    if isinstance(node, dict):
+        for key in list(node.keys()):
+            value = node[key]
+            if key in CHECKPOINT_KEYS and isinstance(value, str):
+                node[key] = None
+            elif key == 'init_cfg' and isinstance(value, dict) and \
+                    value.get('type') == 'Pretrained':
+                node[key] = None
+            else:
+                _clear_checkpoints(value)
+    elif isinstance(node, (list, tuple)):
+        for value in node:
+            _clear_checkpoints(value)
+
+
+def _sync_bn_to_bn(node: object) -> None:
+    """SyncBN cannot run outside a process group; BN counts the same (norms count 0)."""
+    if isinstance(node, dict):
+        if node.get('type') in ('SyncBN', 'MMSyncBN'):
+            node['type'] = 'BN'
+        for value in node.values():
+            _sync_bn_to_bn(value)
+    elif isinstance(node, (list, tuple)):
+        for value in node:
+            _sync_bn_to_bn(value)
+
+
+def deployed_model_config(cfg: object) -> Tuple[dict, str]:
+    """The model config that is deployed and its name: the config's model or its student.
+
+    Args:
+        cfg: A loaded mmengine ``Config``.
+
+    Returns:
+        (a copy of the model config, ``'model'`` or ``'student'``).
+    """
+    import copy
+    model = copy.deepcopy(cfg.model)
+    if model.get('type') in DISTILLATION_TYPES:
+        return copy.deepcopy(model['student']), 'student'
+    return model, 'model'
+
+
+def count_config(cfg: object, shape: Optional[Tuple[int, int]] = None,
+                 device: str = 'meta') -> Dict[str, object]:
+    """Counts the deployed model of a loaded config (see the module docstring).
+
+    Args:
+        cfg: A loaded mmengine ``Config`` (its scopes registered).
+        shape: (H, W) input; default :func:`config_input_size`.
+        device: ``'meta'`` (shapes only) or ``'cpu'`` (a real forward with random weights,
+            for operators with data-dependent shapes).
+
+    Returns:
+        dict(part, model_type, input=(H, W), params, flops, what) - ``what`` names the
+        forward that was counted.
+    """
+    from mmengine.registry import MODELS, init_default_scope
+
+    from mmlinvit.analysis import FlopCounter
+    scope = cfg.get('default_scope', None)
+    if scope is None:
+        raise ValueError('the config sets no default_scope (mmseg or mmpretrain)')
+    init_default_scope(scope)
+    hw = tuple(shape) if shape is not None else config_input_size(cfg)
+    model_cfg, part = deployed_model_config(cfg)
+    _clear_checkpoints(model_cfg)
+    _sync_bn_to_bn(model_cfg)
+    is_segmentor = 'decode_head' in model_cfg
+    if is_segmentor:
+        test_cfg = dict(model_cfg.get('test_cfg', None) or {})
+        test_cfg['mode'] = 'whole'
+        model_cfg['test_cfg'] = test_cfg
+    with torch.device(device):
+        model = MODELS.build(model_cfg).eval()
+        images = torch.zeros(1, 3, hw[0], hw[1])
+    params = sum(p.numel() for p in model.parameters())
+    with torch.no_grad(), FlopCounter() as counter:
+        if is_segmentor:
+            meta = dict(img_shape=hw, ori_shape=hw, pad_shape=hw, padding_size=[0, 0, 0, 0])
+            model.inference(images, [meta])
+            what = 'whole-image inference (backbone, neck, decode head)'
+        elif 'backbone' in model_cfg:
+            model(images, mode='tensor')
+            what = 'forward to logits / features (mode=tensor)'
+        else:
+            model(images)
+            what = 'backbone forward'
+    return dict(part=part, model_type=str(model_cfg.get('type')), input=hw, params=params,
+                flops=counter.result().total, what=what)
+
+
+def main_config(args: argparse.Namespace) -> Dict[str, object]:
+    """CONFIG mode of :func:`main`."""
+    from mmengine.config import Config
+
+    from mmlinvit.config_scopes import register_config_scopes
+    register_config_scopes()
+    cfg = Config.fromfile(args.config)
+    if args.cfg_options:
+        cfg.merge_from_dict(args.cfg_options)
+    shape = None
+    if args.shape is not None:
+        shape = (args.shape[0], args.shape[-1])
+    row = count_config(cfg, shape=shape, device=args.device)
+    row['config'] = args.config
+    print(f'Convention: {FLOP_CONVENTION}.')
+    print(f'config   {args.config}')
+    print(f'counted  the {row["part"]} ({row["model_type"]}): {row["what"]}, batch 1, '
+          f'input {row["input"][0]}x{row["input"][1]}, device {args.device}')
+    print(f'params   {row["params"] / 1e6:.2f} M ({row["params"]})')
+    print(f'FLOPs    {row["flops"] / 1e9:.2f} G ({row["flops"]})')
+    if args.json_out:
+        with open(args.json_out, 'w') as f:
+            json.dump(row, f, indent=2)
+    return row
 
 
 def count_vit(arch: str, family: str, operator: str, hw: Tuple[int, int],
@@ -96,8 +303,11 @@ def count_adventurer(hw: Tuple[int, int], device: str) -> Tuple[int, int]:
     return count_flops(model, images).total, (hw[0] // 16) * (hw[1] // 16) + 1
 
 
-def main(argv: Optional[List[str]] = None) -> List[Dict[str, object]]:
+def main(argv: Optional[List[str]] = None) -> object:
+    """CONFIG mode: the config's row (dict); otherwise the table rows (list of dicts)."""
     args = parse_args(argv)
+    if args.config is not None:
+        return main_config(args)
     print(f'Convention: {FLOP_CONVENTION}.')
     print('analytic = issue convention per layer: GEMMs 24 N D^2 + attention (softmax 4 N^2 D, '
           'linear 4 N d D); exact = analytic + patch embedding + linear-attention normaliser '

@@ -1,0 +1,127 @@
+"""tools/deployment/export_onnx.py: real configs and checkpoint files -> ONNX -> onnxruntime.
+
+Each test saves a checkpoint of a model built from a recipe config (random weights), exports
+it with the tool, runs the file with onnxruntime on a NEW input and compares with the PyTorch
+model that holds the same weights (built here, independently of the tool).  A model with other
+weights must disagree, so the checkpoint was really loaded.
+"""
+import importlib.util
+from pathlib import Path
+from typing import List
+
+import pytest
+import torch
+
+pytest.importorskip('onnxruntime')
+pytest.importorskip('onnxscript')
+
+ROOT = Path(__file__).resolve().parents[2]
+STUDENT_SEG = 'configs/demo/upernet_vit-tiny-elu_toy-64x64.py'
+TEACHER_SEG = 'configs/demo/upernet_vit-tiny-softmax_toy-64x64.py'
+DISTILL_CLS = 'configs/copy_mlp_distill_attn/deit-t_elu_mlp-copy_distill-attn_cifar10-224.py'
+ADVENTURER_SEG = 'configs/linearizer/upernet_adventurer-b_8xb2-160k_ade20k-512x512.py'
+# `_delete_`: replace the base's size name instead of merging a dict into it.
+TINY_ADVENTURER = ["model.backbone.arch={'embed_dims': 64, 'num_layers': 4, '_delete_': True}",
+                   "model.backbone.mixer_cfg={'d_state': 16, 'headdim': 32, 'chunk_size': 16}",
+                   'model.backbone.out_indices=[0, 1, 2, 3]']
+
+
+def _tool():
+    path = ROOT / 'tools' / 'deployment' / 'export_onnx.py'
+    spec = importlib.util.spec_from_file_location('export_onnx_under_test', path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _build(config: str, seed: int, cfg_options=None):
+    """The config's model with random weights (pretrained loading removed)."""
+    from mmengine.registry import MODELS, init_default_scope
+
+    from mmlinvit.engine.launch import adapt_to_device, load_config
+    cfg = load_config(str(ROOT / config), cfg_options)
+    init_default_scope(cfg.default_scope)
+    for node in ('backbone', 'teacher'):
+        if node in cfg.model and 'pretrained' in cfg.model[node]:
+            cfg.model[node]['pretrained'] = None
+    if cfg.get('data_preprocessor') is not None:
+        cfg.model.setdefault('data_preprocessor', cfg.data_preprocessor)
+    adapt_to_device(cfg)
+    torch.manual_seed(seed)
+    model = MODELS.build(cfg.model).eval()
+    with torch.no_grad():  # make every weight (norms too) seed-dependent
+        for p in model.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    return model
+
+
+def _onnx_outputs(path: Path, images: torch.Tensor) -> List[torch.Tensor]:
+    import onnxruntime as ort
+    session = ort.InferenceSession(str(path), providers=['CPUExecutionProvider'])
+    return [torch.from_numpy(o)
+            for o in session.run(None, {session.get_inputs()[0].name: images.numpy()})]
+
+
+def _max_err(got, ref) -> float:
+    assert len(got) == len(ref)
+    assert all(tuple(a.shape) == tuple(b.shape) for a, b in zip(got, ref))
+    return max(float((a - b).abs().max()) for a, b in zip(got, ref))
+
+
+def test_student_segmentor_exports_whole_and_matches(tmp_path):
+    model = _build(STUDENT_SEG, seed=1)
+    ckpt = tmp_path / 'iter_200.pth'
+    torch.save({'meta': {'iter': 200}, 'state_dict': model.state_dict()}, ckpt)
+    out = tmp_path / 'student.onnx'
+    info = _tool().main([str(ROOT / STUDENT_SEG), str(ckpt), '--out', str(out), '--shape', '64',
+                         '64'])
+    assert info['part'] == 'model' and info['backbone'] == 'LinearVisionTransformer'
+    assert info['checkpoint_prefix'] == '' and max(info['max_abs_error']) < 1e-4
+    images = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        ref = [model(images, None, mode='tensor')]
+        other = [_build(STUDENT_SEG, seed=2)(images, None, mode='tensor')]
+    got = _onnx_outputs(out, images)
+    assert got[0].shape[:2] == (1, 6)  # (B, classes, h, w) decode-head logits
+    assert _max_err(got, ref) < 1e-4
+    assert _max_err(got, other) > 1e-2
+
+
+def test_softmax_teacher_of_a_distillation_config(tmp_path):
+    # The teacher's own checkpoint in the canonical layout (what convert_checkpoint.py writes).
+    model = _build(DISTILL_CLS, seed=3)
+    teacher = model.teacher
+    ckpt = tmp_path / 'deit-t.pth'
+    torch.save(teacher.state_dict(), ckpt)
+    out = tmp_path / 'teacher.onnx'
+    info = _tool().main([str(ROOT / DISTILL_CLS), str(ckpt), '--which', 'teacher', '--out',
+                         str(out), '--shape', '32', '48'])
+    assert info['which'] == 'teacher' and info['part'] == 'backbone'
+    assert info['backbone'] == 'VisionTransformer'
+    images = torch.randn(1, 3, 32, 48)
+    with torch.no_grad():
+        ref = list(teacher(images))
+    assert _max_err(_onnx_outputs(out, images), ref) < 1e-4
+    # A teacher checkpoint of another size is refused with the keys / shapes named.
+    torch.save({k: v[..., :8] if v.ndim else v for k, v in teacher.state_dict().items()},
+               tmp_path / 'bad.pth')
+    with pytest.raises(ValueError, match=r'other shapes.*pos_embed'):
+        _tool().main([str(ROOT / DISTILL_CLS), str(tmp_path / 'bad.pth'), '--which', 'teacher',
+                      '--out', str(tmp_path / 'bad.onnx'), '--shape', '32', '32'])
+
+
+def test_adventurer_student_backbone_from_an_exported_backbone_file(tmp_path):
+    model = _build(ADVENTURER_SEG, seed=4, cfg_options=dict(
+        (item.split('=', 1)[0], eval(item.split('=', 1)[1])) for item in TINY_ADVENTURER))
+    ckpt = tmp_path / 'student_backbone.pth'
+    torch.save(model.backbone.state_dict(), ckpt)
+    out = tmp_path / 'adventurer.onnx'
+    info = _tool().main([str(ROOT / ADVENTURER_SEG), str(ckpt), '--part', 'backbone', '--out',
+                         str(out), '--shape', '48', '64', '--cfg-options', *TINY_ADVENTURER])
+    assert info['backbone'] == 'Adventurer' and info['checkpoint_prefix'] == ''
+    images = torch.randn(1, 3, 48, 64)
+    with torch.no_grad():
+        ref = list(model.backbone(images))
+    got = _onnx_outputs(out, images)
+    assert len(got) == len(ref) == 4  # the four UPerNet feature maps
+    assert _max_err(got, ref) < 1e-4

@@ -1,0 +1,211 @@
+"""tools/infer.py through mmseg's / mmpretrain's inferencers on models the real Runner trained.
+
+The reference for every prediction is the Runner's own test path on the same images (test
+dataloader + ``model.test_step``), which shares no code with the tool.
+"""
+import importlib.util
+import json
+import os
+import os.path as osp
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+DEMO_STUDENT = osp.join(REPO, 'configs', 'demo', 'upernet_vit-tiny-elu_toy-64x64.py')
+
+
+def _load_tool(name: str):
+    spec = importlib.util.spec_from_file_location(f'mmlinvit_tool_{name}',
+                                                  osp.join(REPO, 'tools', f'{name}.py'))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _train(cfg, work_dir: str, iters: int = 2) -> str:
+    """Trains ``cfg`` for ``iters`` iterations with the Runner; returns the checkpoint."""
+    from mmengine.runner import Runner
+    cfg.work_dir = work_dir
+    cfg.train_cfg = dict(type='IterBasedTrainLoop', max_iters=iters, val_interval=1000)
+    cfg.default_hooks.checkpoint = dict(type='CheckpointHook', by_epoch=False, interval=iters)
+    cfg.default_hooks.logger = dict(type='LoggerHook', interval=1)
+    cfg.log_level = 'WARNING'
+    cfg.experiment_name = f'infer_test_{osp.basename(work_dir)}'
+    Runner.from_cfg(cfg).train()
+    ckpt = osp.join(work_dir, f'iter_{iters}.pth')
+    assert osp.isfile(ckpt)
+    return ckpt
+
+
+def _runner_predictions(cfg, ckpt: str, work_dir: str):
+    """(image path, data sample) of the Runner's test dataloader + model.test_step."""
+    from mmengine.runner import Runner
+    cfg = cfg.copy()
+    cfg.work_dir = work_dir
+    cfg.load_from = None
+    cfg.experiment_name = f'infer_ref_{osp.basename(work_dir)}'
+    runner = Runner.from_cfg(cfg)
+    runner.load_checkpoint(ckpt, map_location='cpu')
+    model = runner.model.eval()
+    out = []
+    with torch.no_grad():
+        for data in runner.test_dataloader:
+            for sample in model.test_step(data):
+                out.append((sample.img_path, sample))
+    return out
+
+
+@pytest.fixture(scope='module')
+def demo_student(tmp_path_factory):
+    """The demo's ELU+1 student config trained for 2 iterations on generated scenes."""
+    from mmengine.config import Config
+
+    from mmlinvit.config_scopes import register_config_scopes
+    from mmlinvit.datasets import make_ade20k_layout
+    register_config_scopes()
+    tmp = tmp_path_factory.mktemp('seg_infer')
+    data_root = str(tmp / 'toy_ade')
+    make_ade20k_layout(data_root, num_train=4, num_val=3, size=(64, 64), seed=1)
+    cfg = Config.fromfile(DEMO_STUDENT)
+    cfg.model.backbone.pretrained = None  # the demo sets Stage 2's weights; not needed here
+    for loader in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
+        cfg[loader].dataset.data_root = data_root
+        cfg[loader].batch_size = 2
+    ckpt = _train(cfg, str(tmp / 'wd'))
+    cfg_file = str(tmp / 'student_cfg.py')
+    cfg.dump(cfg_file)
+    return cfg, cfg_file, ckpt, osp.join(data_root, 'images', 'validation'), tmp
+
+
+def test_segmentation_overlays_and_label_maps_match_runner(demo_student, capsys):
+    cfg, cfg_file, ckpt, images, tmp = demo_student
+    out_dir = str(tmp / 'out_seg')
+    infer = _load_tool('infer')
+    rows = infer.main([cfg_file, ckpt, images, '--out-dir', out_dir, '--device', 'cpu',
+                       '--batch-size', '2'])
+    printed = capsys.readouterr().out
+    assert '3/3' in printed  # the progress bar counted the images
+    names = sorted(os.listdir(images))
+    assert len(rows) == len(names) == 3
+    classes = json.load(open(osp.join(out_dir, 'classes.json')))
+    assert classes['classes'] == list(cfg.metainfo['classes'])
+    reference = {osp.basename(p): s.pred_sem_seg.data[0].numpy()
+                 for p, s in _runner_predictions(cfg, ckpt, str(tmp / 'ref_seg'))}
+    for name in names:
+        stem = osp.splitext(name)[0]
+        label = np.array(Image.open(osp.join(out_dir, 'pred', f'{stem}.png')))
+        np.testing.assert_array_equal(label, reference[name])
+        image = np.array(Image.open(osp.join(images, name)).convert('RGB'))
+        overlay = np.array(Image.open(osp.join(out_dir, 'vis', name)).convert('RGB'))
+        assert overlay.shape == image.shape
+        assert np.abs(overlay.astype(int) - image.astype(int)).mean() > 5  # colour drawn
+    assert sorted(os.listdir(osp.join(out_dir, 'pred'))) == [  # nothing else written there
+        osp.splitext(n)[0] + '.png' for n in names]
+    results = json.load(open(osp.join(out_dir, 'results.json')))
+    assert [osp.basename(r['image']) for r in results] == names
+
+
+def test_distillation_checkpoint_runs_its_student(demo_student, tmp_path):
+    """A DistillationModel checkpoint (student.* keys) predicts like the bare student."""
+    cfg, cfg_file, ckpt, images, tmp = demo_student
+    state = torch.load(ckpt, map_location='cpu', weights_only=False)
+    state['state_dict'] = {f'student.{k}': v for k, v in state['state_dict'].items()}
+    distill_ckpt = str(tmp_path / 'distill.pth')
+    torch.save(state, distill_ckpt)
+    distill_cfg = cfg.copy()
+    distill_cfg.model = dict(type='mmlinvit.DistillationModel', student=cfg.model.to_dict(),
+                             teacher=dict(type='mmlinvit.VisionTransformer', arch='t',
+                                          pretrained='does/not/exist.pth'))
+    distill_file = str(tmp_path / 'distill_cfg.py')
+    distill_cfg.dump(distill_file)
+    infer = _load_tool('infer')
+    infer.main([cfg_file, ckpt, images, '--out-dir', str(tmp_path / 'plain'), '--device', 'cpu'])
+    infer.main([distill_file, distill_ckpt, images, '--out-dir', str(tmp_path / 'distill'),
+                '--device', 'cpu', '--no-labels'])
+    for name in os.listdir(tmp_path / 'plain' / 'pred'):
+        a = np.array(Image.open(tmp_path / 'plain' / 'pred' / name))
+        b = np.array(Image.open(tmp_path / 'distill' / 'pred' / name))
+        np.testing.assert_array_equal(a, b)
+
+
+def test_bad_inputs_fail_clearly(demo_student, tmp_path):
+    _, cfg_file, ckpt, images, _ = demo_student
+    infer = _load_tool('infer')
+    with pytest.raises(FileNotFoundError, match='neither an image file nor a directory'):
+        infer.main([cfg_file, ckpt, str(tmp_path / 'nope.jpg'), '--out-dir', str(tmp_path)])
+    (tmp_path / 'empty').mkdir()
+    with pytest.raises(FileNotFoundError, match='no images'):
+        infer.main([cfg_file, ckpt, str(tmp_path / 'empty'), '--out-dir', str(tmp_path)])
+    with pytest.raises(SystemExit, match='does not exist'):
+        infer.main([cfg_file, str(tmp_path / 'x.pth'), images, '--out-dir', str(tmp_path)])
+
+
+def _classification_config(data_root: str):
+    from mmengine.config import Config
+    pipeline = [dict(type='LoadImageFromFile'), dict(type='Resize', scale=32),
+                dict(type='PackInputs')]
+
+    def loader(shuffle):
+        return dict(batch_size=2, num_workers=0,
+                    sampler=dict(type='DefaultSampler', shuffle=shuffle),
+                    dataset=dict(type='CustomDataset', data_root=data_root, pipeline=pipeline))
+
+    return Config(dict(
+        default_scope='mmpretrain',
+        model=dict(
+            type='ImageClassifier',
+            data_preprocessor=dict(num_classes=3, mean=[127.5] * 3, std=[64.0] * 3,
+                                   to_rgb=True),
+            backbone=dict(type='mmlinvit.LinearVisionTransformer',
+                          arch=dict(embed_dims=32, num_layers=2, num_heads=2,
+                                    mlp_hidden_dims=64),
+                          img_size=32, patch_size=8, out_type='cls_token'),
+            head=dict(type='LinearClsHead', num_classes=3, in_channels=32,
+                      loss=dict(type='CrossEntropyLoss'))),
+        train_dataloader=loader(True), test_dataloader=loader(False),
+        test_cfg=dict(), test_evaluator=dict(type='Accuracy', topk=(1, )),
+        optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.1)),
+        default_hooks=dict(logger=dict(type='LoggerHook', interval=1)),
+        visualizer=dict(type='UniversalVisualizer'),
+        env_cfg=dict(dist_cfg=dict(backend='gloo')), randomness=dict(seed=0)))
+
+
+def test_classification_topk_matches_runner(tmp_path, capsys):
+    from mmlinvit.config_scopes import register_config_scopes
+    register_config_scopes()
+    rng = np.random.default_rng(0)
+    data_root = tmp_path / 'cls'
+    for c, name in enumerate(('cat', 'dog', 'fox')):
+        (data_root / name).mkdir(parents=True)
+        for i in range(2):
+            img = rng.integers(0, 255, (40, 48, 3), dtype=np.uint8)
+            img[..., c] = 255
+            Image.fromarray(img).save(data_root / name / f'{name}{i}.png')
+    cfg = _classification_config(str(data_root))
+    ckpt = _train(cfg, str(tmp_path / 'wd'))
+    cfg_file = str(tmp_path / 'cls_cfg.py')
+    cfg.dump(cfg_file)
+    out_dir = tmp_path / 'out'
+    inputs = [str(data_root / 'cat'), str(data_root / 'dog'), str(data_root / 'fox' / 'fox0.png')]
+    infer = _load_tool('infer')
+    rows = infer.main([cfg_file, ckpt, *inputs, '--out-dir', str(out_dir), '--topk', '2',
+                       '--device', 'cpu'])
+    assert '5/5' in capsys.readouterr().out
+    assert len(rows) == 5
+    reference = {osp.basename(p): s.pred_score.numpy()
+                 for p, s in _runner_predictions(cfg, ckpt, str(tmp_path / 'ref'))}
+    lines = (out_dir / 'topk.txt').read_text().splitlines()
+    assert len(lines) == 5
+    for row in rows:
+        name = osp.basename(row['image'])
+        scores = reference[name]
+        order = np.argsort(-scores)[:2]
+        saved = json.load(open(out_dir / 'pred' / f'{osp.splitext(name)[0]}.json'))
+        assert [t['label'] for t in saved['topk']] == order.tolist()
+        assert [t['class'] for t in saved['topk']] == [['cat', 'dog', 'fox'][i] for i in order]
+        np.testing.assert_allclose([t['score'] for t in saved['topk']], scores[order],
+                                   rtol=1e-5, atol=1e-6)
+        assert osp.isfile(saved['visualization'])

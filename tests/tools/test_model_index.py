@@ -1,0 +1,83 @@
+"""The model index (model-index.yml + configs/**/metafile.yml + README table) is in sync with
+the configs, in OpenMMLab's format, readable by mmengine, and its numbers are counted."""
+import importlib.util
+import os
+import os.path as osp
+
+import pytest
+import yaml
+
+REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+
+
+def _load_tool(name: str):
+    spec = importlib.util.spec_from_file_location(f'mmlinvit_tool_{name}',
+                                                  osp.join(REPO, 'tools', 'analysis', f'{name}.py'))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope='module')
+def tool():
+    return _load_tool('model_index')
+
+
+def test_every_config_is_listed_and_metadata_match_the_configs(tool):
+    """Fails when a config is added, removed or changed without regenerating the index."""
+    problems = tool.check()
+    assert not problems, 'run python tools/analysis/model_index.py:\n' + '\n'.join(problems)
+
+
+def test_index_is_openmmlab_format(tool):
+    with open(osp.join(REPO, 'model-index.yml')) as f:
+        index = yaml.safe_load(f)
+    names, collections, models = set(), set(), []
+    for meta_path in index['Import']:
+        assert osp.isfile(osp.join(REPO, meta_path)), meta_path
+        with open(osp.join(REPO, meta_path)) as f:
+            metafile = yaml.safe_load(f)
+        assert set(metafile) == {'Collections', 'Models'}
+        collections |= {c['Name'] for c in metafile['Collections']}
+        models += metafile['Models']
+    for model in models:
+        assert model['Name'] not in names
+        names.add(model['Name'])
+        assert osp.isfile(osp.join(REPO, model['Config'])), model['Config']
+        assert model['In Collection'] in collections
+        meta = model['Metadata']
+        assert isinstance(meta['Parameters'], int) and meta['Parameters'] > 0
+        assert isinstance(meta['FLOPs'], int) and meta['FLOPs'] > 0
+        assert 'Results' in model
+        for ckpt in meta['Checkpoints']:
+            assert set(ckpt) <= {'Path', 'Key', 'How to get'}
+
+
+def test_readme_table_is_the_generated_one(tool):
+    entries = sorted(tool.read_index().values(), key=lambda e: e['Config'])
+    with open(osp.join(REPO, 'README.md')) as f:
+        readme = f.read()
+    block = readme.split(tool.TABLE_START, 1)[1].split(tool.TABLE_END, 1)[0].strip()
+    assert block == tool.table(entries)
+
+
+def test_demo_numbers_are_counted(tool):
+    """The tiny demo configs are recounted (milliseconds) and must equal the metafile."""
+    entries = tool.read_index()
+    demo = [c for c in entries if c.startswith('configs/demo/')]
+    assert demo
+    for config in demo:
+        params, flops, _ = tool.count(config, tool.load(osp.join(REPO, config)))
+        meta = entries[config]['Metadata']
+        assert (meta['Parameters'], meta['FLOPs']) == (params, flops), config
+
+
+def test_mmengine_hub_reads_the_index_through_the_mmlinvit_scope():
+    """mmengine's own metafile lookup (hub.get_config) finds the entry in mmlinvit/.mim."""
+    from mmengine.hub import get_config
+
+    import mmlinvit.registry  # noqa: F401  (registers the scopes)
+    cfg = get_config('mmlinvit::demo/upernet_vit-tiny-elu_toy-64x64.py')
+    assert cfg.model.backbone.type == 'mmlinvit.LinearVisionTransformer'
+    assert os.path.realpath(cfg.filename) == osp.join(REPO, 'configs', 'demo',
+                                                      'upernet_vit-tiny-elu_toy-64x64.py')

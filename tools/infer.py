@@ -1,0 +1,303 @@
+"""Run a trained mmlinvit model on images with mmseg's / mmpretrain's inferencers.
+
+Usage::
+
+    python tools/infer.py CONFIG CHECKPOINT IMAGE_OR_DIR [IMAGE_OR_DIR ...] --out-dir DIR
+        [--device cpu|cuda] [--batch-size N] [--topk K] [--opacity A] [--cfg-options ...]
+
+The config's ``default_scope`` picks the task:
+
+* segmentation (``mmseg``, :class:`mmseg.apis.MMSegInferencer`): ``DIR/vis/<name>`` colour
+  overlays (the checkpoint's classes and palette) and ``DIR/pred/<stem>.png`` raw label maps.
+  Pixel values are class indices 0..C-1 into ``DIR/classes.json`` (``classes``, ``palette``).
+  Note: ADE20K-style annotation files store index + 1 with 0 = unlabelled
+  (``reduce_zero_label``); the predictions are the model's indices, not that file convention.
+  Label maps are 8-bit PNGs for up to 256 classes and 16-bit PNGs beyond.
+* classification (``mmpretrain``, :class:`mmpretrain.apis.ImageClassificationInferencer`):
+  ``DIR/pred/<stem>.json`` with the top-k classes and scores, ``DIR/topk.json`` (all images)
+  and ``DIR/topk.txt`` (one line per image), plus ``DIR/vis/<stem>.png`` with the prediction
+  drawn on the image.
+
+A directory argument contributes its image files (``--recursive`` descends into
+sub-folders).  A progress bar counts images.  Checkpoints of ``mmlinvit.DistillationModel``
+runs are accepted when the student is a whole task model (e.g. the distillation segmentation
+configs): the student is rebuilt alone from ``model.student`` and its ``student.*`` weights.
+``pretrained=`` paths inside the config are not read (the checkpoint carries every weight).
+
+Examples::
+
+    python tools/infer.py configs/demo/upernet_vit-tiny-elu_toy-64x64.py \\
+        work_dirs/demo/student/iter_200.pth work_dirs/demo/data/toy_ade/ADEChallengeData2016/images/validation \\
+        --out-dir work_dirs/demo/infer
+"""
+import argparse
+import json
+import os
+import os.path as osp
+import sys
+import tempfile
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+from mmengine.config import Config, ConfigDict, DictAction
+from mmengine.runner.checkpoint import _load_checkpoint
+from mmengine.utils import ProgressBar
+from PIL import Image
+
+from mmlinvit.config_scopes import register_config_scopes
+from mmlinvit.engine.launch import load_config, world_of
+from mmlinvit.engine.preflight import CHECKPOINT_KEYS
+
+#: Image file suffixes a directory argument contributes.
+IMAGE_SUFFIXES = ('.jpg', '.jpeg', '.png', '.bmp', '.tif', '.tiff', '.webp')
+#: ``model.type`` of mmlinvit's distillation wrapper.
+DISTILLATION_TYPES = ('mmlinvit.DistillationModel', 'DistillationModel')
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    """Parses the command line."""
+    parser = argparse.ArgumentParser(description='Inference of an mmlinvit config on images')
+    parser.add_argument('config', help='config file (segmentation or classification)')
+    parser.add_argument('checkpoint', help='trained weights (runner checkpoint)')
+    parser.add_argument('inputs', nargs='+', help='image files and/or directories of images')
+    parser.add_argument('--out-dir', required=True, help='where results are written')
+    parser.add_argument('--device', default=None,
+                        help="'cpu', 'cuda', 'cuda:1'... (default: cuda when available)")
+    parser.add_argument('--batch-size', type=int, default=1, help='images per forward')
+    parser.add_argument('--topk', type=int, default=5, help='classification: classes kept')
+    parser.add_argument('--opacity', type=float, default=0.5,
+                        help='segmentation: overlay opacity in [0, 1]')
+    parser.add_argument('--no-labels', action='store_true',
+                        help='segmentation: do not write class names onto the overlays')
+    parser.add_argument('--recursive', action='store_true',
+                        help='descend into sub-folders of directory arguments')
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
+                        help='override config keys, e.g. model.test_cfg.mode=slide')
+    args = parser.parse_args(argv)
+    if args.batch_size < 1:
+        parser.error(f'--batch-size must be >= 1, got {args.batch_size}')
+    if args.topk < 1:
+        parser.error(f'--topk must be >= 1, got {args.topk}')
+    if not 0.0 <= args.opacity <= 1.0:
+        parser.error(f'--opacity must be in [0, 1], got {args.opacity}')
+    return args
+
+
+def collect_images(inputs: Sequence[str], recursive: bool = False) -> List[str]:
+    """Expands files and directories into a sorted list of image paths.
+
+    Args:
+        inputs: Image files and / or directories.
+        recursive: Descend into sub-directories.
+
+    Returns:
+        Image paths, directories expanded in sorted order, duplicates removed.
+
+    Raises:
+        FileNotFoundError: An input does not exist, or a directory holds no images.
+        ValueError: Two images share a file stem (their outputs would overwrite each other).
+    """
+    images: List[str] = []
+    for item in inputs:
+        if osp.isdir(item):
+            found = []
+            for root, dirs, files in os.walk(item):
+                dirs.sort()
+                found += [osp.join(root, f) for f in sorted(files)
+                          if f.lower().endswith(IMAGE_SUFFIXES)]
+                if not recursive:
+                    break
+            if not found:
+                raise FileNotFoundError(f'no images ({", ".join(IMAGE_SUFFIXES)}) in directory '
+                                        f'{item!r}' + ('' if recursive else
+                                                       ' (use --recursive for sub-folders)'))
+            images += found
+        elif osp.isfile(item):
+            images.append(item)
+        else:
+            raise FileNotFoundError(f'input {item!r} is neither an image file nor a directory')
+    unique = list(dict.fromkeys(osp.normpath(p) for p in images))
+    stems: Dict[str, str] = {}
+    for path in unique:
+        stem = osp.splitext(osp.basename(path))[0]
+        if stem in stems:
+            raise ValueError(f'{stems[stem]!r} and {path!r} have the same file name stem '
+                             f'{stem!r}; their outputs would overwrite each other. Run them '
+                             f'separately (different --out-dir).')
+        stems[stem] = path
+    return unique
+
+
+def _clear_pretrained(node: Any) -> None:
+    """Sets every checkpoint path and ``Pretrained`` init_cfg under ``node`` to None."""
+    if isinstance(node, dict):
+        for key in list(node.keys()):
+            value = node[key]
+            if key in CHECKPOINT_KEYS and isinstance(value, str):
+                node[key] = None
+            elif key == 'init_cfg' and isinstance(value, dict) and \
+                    value.get('type') == 'Pretrained':
+                node[key] = None
+            else:
+                _clear_pretrained(value)
+    elif isinstance(node, (list, tuple)):
+        for value in node:
+            _clear_pretrained(value)
+
+
+def inference_config(cfg: Config, checkpoint: str, tmp_dir: str) -> Tuple[Config, str]:
+    """The config and checkpoint an inferencer needs.
+
+    A ``DistillationModel`` with a whole task model as student becomes that student, and its
+    ``student.*`` weights are written to a checkpoint of their own in ``tmp_dir``.
+
+    Args:
+        cfg: The loaded config.
+        checkpoint: The checkpoint given on the command line.
+        tmp_dir: Directory for a rewritten checkpoint.
+
+    Returns:
+        (config, checkpoint path).
+    """
+    cfg = cfg.copy()
+    model = cfg.model
+    if model.get('type') in DISTILLATION_TYPES:
+        student = model.get('student')
+        if not isinstance(student, dict) or 'backbone' not in student:
+            raise ValueError(
+                'this DistillationModel trains a bare backbone (no task head), so there is '
+                'nothing to run inference with; export it with '
+                'tools/model_converters/export_student.py and run a task config whose '
+                'backbone loads it (e.g. a Stage-3 / fine-tuning config)')
+        student = ConfigDict(student)
+        if 'data_preprocessor' not in student and model.get('data_preprocessor'):
+            student['data_preprocessor'] = model['data_preprocessor']
+        cfg.model = student
+        ckpt = _load_checkpoint(checkpoint, map_location='cpu')
+        state = ckpt.get('state_dict', ckpt)
+        prefix = 'student.'
+        kept = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+        if not kept:
+            raise KeyError(f'{checkpoint!r} has no {prefix}* weights; it is not a checkpoint '
+                           f'of this DistillationModel config')
+        checkpoint = osp.join(tmp_dir, 'student.pth')
+        torch.save(dict(state_dict=kept, meta=ckpt.get('meta', {})), checkpoint)
+    _clear_pretrained(cfg.model)
+    return cfg, checkpoint
+
+
+def _save_label_map(label: np.ndarray, path: str) -> None:
+    """Writes class indices as an 8-bit (<= 256 classes) or 16-bit PNG, never truncated."""
+    label = np.asarray(label)
+    if label.min() < 0 or label.max() > 65535:
+        raise ValueError(f'label values {label.min()}..{label.max()} do not fit a PNG')
+    if label.max() < 256:
+        Image.fromarray(label.astype(np.uint8)).save(path)
+    else:
+        Image.fromarray(label.astype(np.uint16)).save(path)
+
+
+def run_segmentation(cfg: Config, checkpoint: str, images: List[str], args: argparse.Namespace
+                     ) -> List[Dict[str, Any]]:
+    """MMSegInferencer over ``images``: overlays in vis/, label maps in pred/."""
+    from mmseg.apis import MMSegInferencer
+    inferencer = MMSegInferencer(model=cfg, weights=checkpoint, device=args.device,
+                                 show_progress=False)
+    meta = inferencer.model.dataset_meta
+    vis_dir, pred_dir = osp.join(args.out_dir, 'vis'), osp.join(args.out_dir, 'pred')
+    os.makedirs(pred_dir, exist_ok=True)
+    with open(osp.join(args.out_dir, 'classes.json'), 'w') as f:
+        json.dump(dict(classes=list(meta['classes']),
+                       palette=[list(map(int, c)) for c in meta['palette']],
+                       label_map_values='class index 0..C-1 (model output; no +1 offset)'),
+                  f, indent=2)
+    rows = []
+    bar = ProgressBar(len(images), file=sys.stdout)
+    for start in range(0, len(images), args.batch_size):
+        batch = images[start:start + args.batch_size]
+        # the inferencer's own steps (its __call__ would also write counter-named label maps)
+        data = next(iter(inferencer.preprocess(batch, batch_size=len(batch))))
+        preds = inferencer.forward(data)
+        inferencer.visualize(batch, preds, img_out_dir=vis_dir, opacity=args.opacity,
+                             with_labels=not args.no_labels)
+        labels = inferencer.postprocess(preds, None)['predictions']
+        labels = labels if len(batch) > 1 else [labels]
+        for path, label in zip(batch, labels):
+            stem = osp.splitext(osp.basename(path))[0]
+            label_path = osp.join(pred_dir, f'{stem}.png')
+            _save_label_map(label, label_path)
+            present = np.unique(label)
+            rows.append(dict(image=path, overlay=osp.join(vis_dir, osp.basename(path)),
+                             label_map=label_path,
+                             classes_present=[meta['classes'][int(i)] for i in present]))
+            bar.update()
+    sys.stdout.write('\n')
+    return rows
+
+
+def run_classification(cfg: Config, checkpoint: str, images: List[str],
+                       args: argparse.Namespace) -> List[Dict[str, Any]]:
+    """ImageClassificationInferencer over ``images``: top-k json / txt, drawn images in vis/."""
+    from mmpretrain.apis import ImageClassificationInferencer
+    inferencer = ImageClassificationInferencer(model=cfg, pretrained=checkpoint,
+                                               device=args.device)
+    classes = inferencer.classes
+    vis_dir, pred_dir = osp.join(args.out_dir, 'vis'), osp.join(args.out_dir, 'pred')
+    os.makedirs(pred_dir, exist_ok=True)
+    os.makedirs(vis_dir, exist_ok=True)
+    rows = []
+    bar = ProgressBar(len(images), file=sys.stdout)
+    for start in range(0, len(images), args.batch_size):
+        batch = images[start:start + args.batch_size]
+        # the inferencer's own steps, without its per-call progress bar
+        data = next(iter(inferencer.preprocess(batch, batch_size=len(batch))))
+        preds = inferencer.forward(data)
+        inferencer.visualize(batch, preds, show_dir=vis_dir)
+        for path, result in zip(batch, inferencer.postprocess(preds, None)):
+            scores = np.asarray(result['pred_scores'], dtype=np.float64)
+            k = min(args.topk, scores.size)
+            order = np.argsort(-scores, kind='stable')[:k]
+            topk = [dict(rank=r + 1, label=int(i), score=float(scores[i]),
+                         **({'class': str(classes[i])} if classes is not None else {}))
+                    for r, i in enumerate(order)]
+            stem = osp.splitext(osp.basename(path))[0]
+            row = dict(image=path, topk=topk, visualization=osp.join(vis_dir, f'{stem}.png'))
+            with open(osp.join(pred_dir, f'{stem}.json'), 'w') as f:
+                json.dump(row, f, indent=2)
+            rows.append(row)
+            bar.update()
+    sys.stdout.write('\n')
+    with open(osp.join(args.out_dir, 'topk.txt'), 'w') as f:
+        for row in rows:
+            best = ', '.join(f'{t.get("class", t["label"])} {t["score"]:.4f}' for t in row['topk'])
+            f.write(f'{row["image"]}\t{best}\n')
+    return rows
+
+
+def main(argv: Optional[List[str]] = None) -> List[Dict[str, Any]]:
+    """Runs inference; returns one record per image (also written to ``DIR/results.json``)."""
+    args = parse_args(argv)
+    register_config_scopes()
+    if not osp.isfile(args.checkpoint):
+        raise SystemExit(f'error: checkpoint {args.checkpoint!r} does not exist')
+    images = collect_images(args.inputs, args.recursive)
+    cfg = load_config(args.config, args.cfg_options)
+    world = world_of(cfg)
+    os.makedirs(args.out_dir, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp_dir:
+        cfg, checkpoint = inference_config(cfg, args.checkpoint, tmp_dir)
+        print(f'{world.task}: {len(images)} image(s) -> {args.out_dir}', flush=True)
+        if world.scope == 'mmseg':
+            rows = run_segmentation(cfg, checkpoint, images, args)
+        else:
+            rows = run_classification(cfg, checkpoint, images, args)
+    name = 'results.json' if world.scope == 'mmseg' else 'topk.json'
+    with open(osp.join(args.out_dir, name), 'w') as f:
+        json.dump(rows, f, indent=2)
+    print(f'wrote {len(rows)} result(s) to {args.out_dir} ({name})')
+    return rows
+
+
+if __name__ == '__main__':
+    main()
