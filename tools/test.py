@@ -13,8 +13,9 @@ import argparse
 import sys
 from typing import List, Optional
 
-from mmlinvit.engine.launch import (add_launch_arguments, build_runner, load_config,
-                                     parse_launch_args, prepare_test_config)
+from mmlinvit.converters.checkpoint_file import CheckpointFileError
+from mmlinvit.engine.launch import (add_launch_arguments, build_runner, finish_distributed,
+                                     load_config, parse_launch_args, prepare_test_config)
 from mmlinvit.engine.preflight import MissingInputsError
 
 
@@ -43,9 +44,11 @@ def main(argv: Optional[List[str]] = None) -> dict:
                         interval=args.interval, out=args.out, launcher=args.launcher)
     try:
         runner = build_runner(cfg, mode='test', checkpoint=args.checkpoint)
-    except MissingInputsError as err:
+    except (MissingInputsError, CheckpointFileError) as err:
         raise SystemExit(f'error: {err}') from None
-    return runner.test()
+    metrics = runner.test()
+    finish_distributed()
+    return metrics
 
 
 if __name__ == '__main__':

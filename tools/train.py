@@ -8,15 +8,18 @@ Examples::
     python tools/train.py configs/adala_dinov2_ade20k.py
     python tools/train.py CONFIG --work-dir work_dirs/x --amp --cfg-options train_cfg.max_iters=100
     python tools/train.py CONFIG --resume             # latest checkpoint of the work dir
+    python tools/train.py CONFIG --check-data         # decode every image / label map first
     bash tools/dist_train.sh CONFIG 8                 # torchrun, --launcher pytorch
 """
 import argparse
 import sys
 from typing import List, Optional
 
-from mmlinvit.engine.launch import (add_launch_arguments, build_runner, load_config,
-                                     parse_launch_args, prepare_train_config)
-from mmlinvit.engine.preflight import MissingInputsError
+from mmlinvit.converters.checkpoint_file import CheckpointFileError
+from mmlinvit.engine.launch import (add_launch_arguments, build_runner, finish_distributed,
+                                     load_config, parse_launch_args, prepare_train_config)
+from mmlinvit.engine.preflight import PreflightError, check_data
+from mmlinvit.engine.resume import ResumeError
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -31,6 +34,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         default=None,
         help='resume from CKPT, or from the latest checkpoint of the work dir if no CKPT is given')
     parser.add_argument('--amp', action='store_true', help='mixed-precision training')
+    parser.add_argument('--check-data', action='store_true',
+                        help='decode every image and label map of the train / val sets before '
+                             'training; stop, naming the bad files, if any cannot be used')
     add_launch_arguments(parser, 'train_cfg.max_iters=1000 model.backbone.pretrained=x')
     return parse_launch_args(parser, argv)
 
@@ -43,9 +49,14 @@ def main(argv: Optional[List[str]] = None) -> None:
                          amp=args.amp, launcher=args.launcher)
     try:
         runner = build_runner(cfg, mode='train')
-    except MissingInputsError as err:
+        if args.check_data:
+            check_data(cfg, mode='train')
+    except PreflightError as err:
+        raise SystemExit(f'error: {err}') from None
+    except (ResumeError, CheckpointFileError) as err:
         raise SystemExit(f'error: {err}') from None
     runner.train()
+    finish_distributed()
 
 
 if __name__ == '__main__':

@@ -85,13 +85,18 @@ class World:
     enable_output_dump: Callable[[Config, str], None]
 
 
-def _seg_visualization(cfg: Config, show_dir: Optional[str], show: bool, wait_time: float,
-                       interval: int) -> None:
+def _visualization_hook(cfg: Config, hook_type: str) -> dict:
+    """``cfg.default_hooks.visualization`` (to edit in place), or a KeyError with the fix."""
     hooks = cfg.get('default_hooks', None) or {}
     if 'visualization' not in hooks:
         raise KeyError("--show/--show-dir need default_hooks.visualization "
-                       "(type='SegVisualizationHook') in the config")
-    hook = hooks['visualization']
+                       f"(type='{hook_type}') in the config")
+    return hooks['visualization']
+
+
+def _seg_visualization(cfg: Config, show_dir: Optional[str], show: bool, wait_time: float,
+                       interval: int) -> None:
+    hook = _visualization_hook(cfg, 'SegVisualizationHook')
     hook['draw'] = True
     hook['interval'] = interval
     if show:
@@ -103,11 +108,7 @@ def _seg_visualization(cfg: Config, show_dir: Optional[str], show: bool, wait_ti
 
 def _cls_visualization(cfg: Config, show_dir: Optional[str], show: bool, wait_time: float,
                        interval: int) -> None:
-    hooks = cfg.get('default_hooks', None) or {}
-    if 'visualization' not in hooks:
-        raise KeyError("--show/--show-dir need default_hooks.visualization "
-                       "(type='VisualizationHook') in the config")
-    hook = hooks['visualization']
+    hook = _visualization_hook(cfg, 'VisualizationHook')
     hook['enable'] = True
     hook['show'] = show
     hook['wait_time'] = wait_time
@@ -151,7 +152,7 @@ def world_of(cfg: Config) -> World:
     return WORLDS[scope]
 
 
-def _replace_sync_bn(node: Any) -> int:
+def replace_sync_bn(node: Any) -> int:
     """Turns every ``SyncBN`` norm config under ``node`` into ``BN``; returns the count."""
     count = 0
     if isinstance(node, dict):
@@ -159,10 +160,10 @@ def _replace_sync_bn(node: Any) -> int:
             node['type'] = 'BN'
             count += 1
         for value in node.values():
-            count += _replace_sync_bn(value)
+            count += replace_sync_bn(value)
     elif isinstance(node, (list, tuple)):
         for value in node:
-            count += _replace_sync_bn(value)
+            count += replace_sync_bn(value)
     return count
 
 
@@ -175,7 +176,7 @@ def adapt_to_device(cfg: Config, launcher: str = 'none') -> None:
     """
     if torch.cuda.is_available():
         return
-    replaced = _replace_sync_bn(cfg.get('model', {}))
+    replaced = replace_sync_bn(cfg.get('model', {}))
     if replaced:
         print_log(f'No CUDA device: replaced {replaced} SyncBN layer config(s) by BN',
                   logger='current', level=logging.WARNING)
@@ -215,13 +216,7 @@ def prepare_train_config(cfg: Config,
         The same config, updated.
     """
     world_of(cfg)
-    if launcher not in LAUNCHERS:
-        raise KeyError(f'Unknown launcher {launcher!r}; available: {LAUNCHERS}')
-    cfg.launcher = launcher
-    if work_dir is not None:
-        cfg.work_dir = work_dir
-    elif cfg.get('work_dir', None) is None:
-        cfg.work_dir = osp.join('./work_dirs', osp.splitext(osp.basename(config_path))[0])
+    _set_launcher_and_work_dir(cfg, config_path, work_dir, launcher)
     if amp:
         wrapper = cfg.optim_wrapper.get('type', 'OptimWrapper')
         if wrapper == 'AmpOptimWrapper':
@@ -240,6 +235,19 @@ def prepare_train_config(cfg: Config,
         cfg.load_from = resume
     adapt_to_device(cfg, launcher)
     return cfg
+
+
+def _set_launcher_and_work_dir(cfg: Config, config_path: str, work_dir: Optional[str],
+                               launcher: str) -> None:
+    """``cfg.launcher``, and ``cfg.work_dir``: ``--work-dir``, else the config's own, else
+    ``./work_dirs/<config stem>`` (mmseg's default)."""
+    if launcher not in LAUNCHERS:
+        raise KeyError(f'Unknown launcher {launcher!r}; available: {LAUNCHERS}')
+    cfg.launcher = launcher
+    if work_dir is not None:
+        cfg.work_dir = work_dir
+    elif cfg.get('work_dir', None) is None:
+        cfg.work_dir = osp.join('./work_dirs', osp.splitext(osp.basename(config_path))[0])
 
 
 def prepare_test_config(cfg: Config,
@@ -270,13 +278,7 @@ def prepare_test_config(cfg: Config,
         The same config, updated.
     """
     world = world_of(cfg)
-    if launcher not in LAUNCHERS:
-        raise KeyError(f'Unknown launcher {launcher!r}; available: {LAUNCHERS}')
-    cfg.launcher = launcher
-    if work_dir is not None:
-        cfg.work_dir = work_dir
-    elif cfg.get('work_dir', None) is None:
-        cfg.work_dir = osp.join('./work_dirs', osp.splitext(osp.basename(config_path))[0])
+    _set_launcher_and_work_dir(cfg, config_path, work_dir, launcher)
     cfg.load_from = checkpoint
     cfg.resume = False
     if show or show_dir:

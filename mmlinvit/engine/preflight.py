@@ -23,7 +23,7 @@ fails at the first iteration with "Expected more than 1 value per channel when t
 import logging
 import os
 import os.path as osp
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from mmengine.logging import print_log
 
@@ -106,6 +106,23 @@ def _iter_datasets(dataset: Any, where: str) -> Iterator[Tuple[dict, str]]:
         yield dataset, where
 
 
+def _checked_loaders(cfg: Any, mode: str) -> Iterator[Tuple[str, dict]]:
+    """Yields (name, config) of the data loaders a ``mode`` run reads.
+
+    ``'train'``: the train loader and, when the config validates (``val_cfg``), the val
+    loader; ``'test'``: the test loader.  Loaders set to ``None`` are skipped.
+    """
+    if mode not in ('train', 'test'):
+        raise ValueError(f"mode must be 'train' or 'test', got {mode!r}")
+    names = ('train_dataloader', 'val_dataloader') if mode == 'train' else ('test_dataloader', )
+    for name in names:
+        loader_cfg = cfg.get(name, None)
+        if not loader_cfg or (mode == 'train' and name == 'val_dataloader'
+                              and not cfg.get('val_cfg', None)):
+            continue
+        yield name, loader_cfg
+
+
 def _iter_checkpoints(node: Any, where: str) -> Iterator[Tuple[str, str]]:
     """Yields (path, location) for every checkpoint-like key under ``node``."""
     if isinstance(node, dict):
@@ -118,6 +135,31 @@ def _iter_checkpoints(node: Any, where: str) -> Iterator[Tuple[str, str]]:
     elif isinstance(node, (list, tuple)):
         for i, value in enumerate(node):
             yield from _iter_checkpoints(value, f'{where}[{i}]')
+
+
+def clear_checkpoints(node: Any) -> None:
+    """Sets every checkpoint path and ``Pretrained`` init_cfg under ``node`` to None, in place.
+
+    For tools that build a config's model without reading weights (FLOP counting) or whose
+    weights come from another file (inference from a runner checkpoint).
+
+    Args:
+        node: A config dict / list (e.g. ``cfg.model``); checkpoint keys are
+            :data:`CHECKPOINT_KEYS`.
+    """
+    if isinstance(node, dict):
+        for key in list(node.keys()):
+            value = node[key]
+            if key in CHECKPOINT_KEYS and isinstance(value, str):
+                node[key] = None
+            elif key == 'init_cfg' and isinstance(value, dict) and \
+                    value.get('type') == 'Pretrained':
+                node[key] = None
+            else:
+                clear_checkpoints(value)
+    elif isinstance(node, (list, tuple)):
+        for value in node:
+            clear_checkpoints(value)
 
 
 def _has_file_with_suffix(folder: str, suffix: str) -> bool:
@@ -184,18 +226,10 @@ def find_missing_inputs(cfg: Any,
     Returns:
         One human-readable problem description per missing path or unpaired data folder.
     """
-    if mode not in ('train', 'test'):
-        raise ValueError(f"mode must be 'train' or 'test', got {mode!r}")
     hints: Dict[str, str] = dict(cfg.get('missing_path_hints', None) or {})
-    loaders: Sequence[str] = (('train_dataloader', 'val_dataloader')
-                              if mode == 'train' else ('test_dataloader', ))
     problems: List[str] = []
     seen = set()
-    for loader in loaders:
-        loader_cfg = cfg.get(loader, None)
-        if not loader_cfg or (mode == 'train' and loader == 'val_dataloader'
-                              and not cfg.get('val_cfg', None)):
-            continue
+    for loader, loader_cfg in _checked_loaders(cfg, mode):
         for dataset, where in _iter_datasets(loader_cfg.get('dataset'), f'{loader}.dataset'):
             key = (dataset.get('data_root'), str(dataset.get('data_prefix')))
             if key in seen:
@@ -339,17 +373,11 @@ def check_data(cfg: Any, mode: str = 'train', num_threads: Optional[int] = None)
 
     from mmlinvit.datasets.integrity import scan_dataset_files
     rank, world_size = get_rank(), get_world_size()
-    loaders = (('train_dataloader', 'val_dataloader') if mode == 'train' else
-               ('test_dataloader', ))
     scope = cfg.get('default_scope', None)
     bad: List[Tuple[str, str]] = []
     num_samples = 0
     seen = set()
-    for loader in loaders:
-        loader_cfg = cfg.get(loader, None)
-        if not loader_cfg or (mode == 'train' and loader == 'val_dataloader'
-                              and not cfg.get('val_cfg', None)):
-            continue
+    for loader, loader_cfg in _checked_loaders(cfg, mode):
         threads = num_threads or max(1, int(loader_cfg.get('num_workers', 0) or 0))
         for dataset_cfg, where in _iter_datasets(loader_cfg.get('dataset'), f'{loader}.dataset'):
             key = (dataset_cfg.get('data_root'), str(dataset_cfg.get('data_prefix')),

@@ -13,16 +13,21 @@ CONFIGS = osp.join(REPO, 'configs')
 
 #: Every recipe config of issue 4, relative to configs/.
 RECIPE_CONFIGS = (
-    'adala/vit-adala_stage1_attn-align_dinov2-l_coco-512.py',
-    'adala/vit-adala_stage2_feat-align_dinov2-l_in22k-512.py',
-    'adala/vit-adala_stage3_linear-head_dinov2-l_in1k-512.py',
-    'adala/vit-adala_stage3_linear-head-frozen_dinov2-l_in1k-512.py',
-    'copy_mlp_distill_attn/deit-b_elu_mlp-copy_distill-attn_in1k-224.py',
-    'copy_mlp_distill_attn/deit-b_elu_mlp-copy_in1k-224.py',
-    'copy_mlp_distill_attn/deit-t_elu_mlp-copy_distill-attn_cifar10-224.py',
-    'copy_mlp_distill_attn/deit-t_mhla_mlp-copy_distill-attn_cifar10-224.py',
-    'linearizer/vit-b_elu_linearizer_clip-b16_in1k-224.py',
+    'adala/vit-adala-stage1-attn-align_dinov2-l-elu_8xb8-4e_coco-512x512.py',
+    'adala/vit-adala-stage2-feat-align_dinov2-l-elu_8xb8-10e_in22k-512x512.py',
+    'adala/linear-head_adala-dinov2-l-elu_64xb16-30e_in1k-512x512.py',
+    'adala/linear-probe_adala-dinov2-l-elu_64xb16-100e_in1k-512x512.py',
+    'copy_mlp_distill_attn/copy-mlp-distill-attn_deit-b-elu_64xb64-300e_in1k-224x224.py',
+    'copy_mlp_distill_attn/copy-mlp_deit-b-elu_64xb64-300e_in1k-224x224.py',
+    'copy_mlp_distill_attn/copy-mlp-distill-attn_deit-t-elu_8xb64-300e_cifar10-224x224.py',
+    'copy_mlp_distill_attn/copy-mlp-distill-attn_deit-t-mhla_8xb64-300e_cifar10-224x224.py',
+    'linearizer/vit-linearizer_clip-b16_vit-b-elu_16xb64-300e_in1k-224x224.py',
+    'copy_mlp_distill_attn/copy-mlp-distill-attn_deit-t-ttt_8xb64-300e_cifar10-224x224.py',
+    'copy_mlp_distill_attn/copy-mlp-distill-attn_deit-b-mhla_64xb64-300e_in1k-224x224.py',
+    'copy_mlp_distill_attn/copy-mlp-distill-attn_deit-b-ttt_64xb64-300e_in1k-224x224.py',
 )
+#: The "Copy the MLP, distill the attention" configs among them.
+COPY_MLP_CONFIGS = tuple(c for c in RECIPE_CONFIGS if c.startswith('copy_mlp_distill_attn/'))
 
 IMG_SIZE = 16
 PATCH = 4

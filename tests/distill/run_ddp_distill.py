@@ -16,7 +16,8 @@ from mmengine.config import Config  # noqa: E402
 from mmengine.dist import get_rank  # noqa: E402
 from mmengine.model import is_model_wrapper  # noqa: E402
 
-from mmlinvit.engine.launch import build_runner, prepare_train_config  # noqa: E402
+from mmlinvit.engine.launch import (build_runner, finish_distributed,  # noqa: E402
+                                     prepare_train_config)
 
 from distill_testing import CONFIGS, LossRecorderHook, shrink_config  # noqa: E402
 
@@ -44,6 +45,7 @@ def main() -> None:
                history=recorder.history)
     with open(osp.join(work_dir, f'rank{get_rank()}.json'), 'w') as f:
         json.dump(out, f)
+    finish_distributed()  # as tools/train.py: no gloo group left to the interpreter's exit
 
 
 if __name__ == '__main__':

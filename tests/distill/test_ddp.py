@@ -6,10 +6,10 @@ import socket
 import sys
 
 from distill_testing import REPO, save_tiny_vit_checkpoint, write_image_folder
-from torchrun_retry import run_multiprocess
+from torchrun_retry import GLOO_TEARDOWN_ABORT, run_multiprocess
 
 HERE = osp.dirname(osp.abspath(__file__))
-CONFIG = 'copy_mlp_distill_attn/deit-t_elu_mlp-copy_distill-attn_cifar10-224.py'
+CONFIG = 'copy_mlp_distill_attn/copy-mlp-distill-attn_deit-t-elu_8xb64-300e_cifar10-224x224.py'
 
 
 def _free_port() -> int:
@@ -30,6 +30,7 @@ def test_two_process_ddp_distillation(tmp_path):
            osp.join(HERE, 'run_ddp_distill.py'), CONFIG, data, work_dir, teacher]
     proc = run_multiprocess(cmd, env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    assert GLOO_TEARDOWN_ABORT not in proc.stderr  # the process group is destroyed at the end
     results = [json.load(open(osp.join(work_dir, f'rank{r}.json'))) for r in (0, 1)]
     assert all(r['wrapped'] and r['wrapper'] == 'MMDistributedDataParallel' for r in results)
     assert all(r['world_size'] == 2 for r in results)

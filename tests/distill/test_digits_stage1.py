@@ -23,7 +23,7 @@ from distill_testing import CONFIGS, LossRecorderHook
 
 ARCH = dict(embed_dims=32, num_layers=2, num_heads=2, mlp_hidden_dims=64)
 VIT = dict(arch=ARCH, family='deit', patch_size=8, img_size=32, out_type='cls_token')
-STAGE1 = 'adala/vit-adala_stage1_attn-align_dinov2-l_coco-512.py'
+STAGE1 = 'adala/vit-adala-stage1-attn-align_dinov2-l-elu_8xb8-4e_coco-512x512.py'
 
 
 def digits_uint8():

@@ -46,7 +46,7 @@ def attn_out_model(**overrides):
 
 def stage1_model_cfg():
     cfg = Config.fromfile(
-        osp.join(CONFIGS, 'adala/vit-adala_stage1_attn-align_dinov2-l_coco-512.py'))
+        osp.join(CONFIGS, 'adala/vit-adala-stage1-attn-align_dinov2-l-elu_8xb8-4e_coco-512x512.py'))
     model = copy.deepcopy(cfg.model.to_dict())
     for side in ('student', 'teacher'):
         model[side].update(arch=tiny_arch(), patch_size=PATCH, img_size=IMG_SIZE, pretrained=None)
@@ -305,7 +305,7 @@ def test_task_model_student_adds_task_loss_and_predicts():
         student=dict(type='ImageClassifier',
                      backbone=vit('elu', out_type='cls_token'),
                      head=dict(type='LinearClsHead', num_classes=3, in_channels=16)),
-        weight_transfer=dict(strategy='mlp_copy'))
+        weight_transfer=dict(type='mlp_copy'))
     cfg['student_recorders']['attn_out']['source'] = 'backbone.blocks.{i}.attn'
     model = MODELS.build(cfg)
     model.init_weights()

@@ -23,7 +23,7 @@ def test_factor_switch_and_ramp():
 
 def _stage1_cfg(tmp_path, custom_hooks):
     cfg = Config.fromfile(
-        osp.join(CONFIGS, 'adala/vit-adala_stage1_attn-align_dinov2-l_coco-512.py'))
+        osp.join(CONFIGS, 'adala/vit-adala-stage1-attn-align_dinov2-l-elu_8xb8-4e_coco-512x512.py'))
     data = write_image_folder(str(tmp_path / 'data'), num_per_class=2)
     shrink_config(cfg, data, str(tmp_path / 'work'), max_epochs=2)
     cfg.custom_hooks = custom_hooks

@@ -4,9 +4,9 @@ import math
 import pytest
 import torch
 
-from mmlinvit.models.losses import (ActivationMatchingLoss, AttentionMapLoss,
-                                    AttentionOutputMSELoss, FeatureMSELoss,
-                                    MaskedPredictionLoss)
+from mmlinvit.distill.losses import (ActivationMatchingLoss, AttentionMapLoss,
+                                     AttentionOutputMSELoss, FeatureMSELoss,
+                                     MaskedPredictionLoss)
 
 
 def t(values):

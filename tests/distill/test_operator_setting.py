@@ -21,7 +21,7 @@ from mmlinvit.registry import MODELS
 from distill_testing import CONFIGS, shrink_config
 
 TINY = dict(embed_dims=32, num_layers=2, num_heads=2, mlp_hidden_dims=64)
-DEIT_CIFAR = 'copy_mlp_distill_attn/deit-t_elu_mlp-copy_distill-attn_cifar10-224.py'
+DEIT_CIFAR = 'copy_mlp_distill_attn/copy-mlp-distill-attn_deit-t-elu_8xb64-300e_cifar10-224x224.py'
 
 
 @pytest.mark.parametrize('operator', ['mhla', 'ttt'])

@@ -10,7 +10,7 @@ from distill_testing import (CONFIGS, InterruptHook, LossRecorderHook, TrainingI
                              save_tiny_vit_checkpoint, shrink_config, tiny_arch,
                              write_image_folder)
 
-CONFIG = 'linearizer/vit-b_elu_linearizer_clip-b16_in1k-224.py'
+CONFIG = 'linearizer/vit-linearizer_clip-b16_vit-b-elu_16xb64-300e_in1k-224x224.py'
 
 
 def _cfg(tmp_path, work_dir, resume=False):

@@ -22,7 +22,7 @@ from mmlinvit.engine.preflight import (BatchNormBatchSizeError, DataCheckError,
                                        find_batch_norm_problem, find_missing_inputs)
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-DEMO = osp.join(REPO, 'configs', 'demo', 'upernet_vit-tiny-softmax_toy-64x64.py')
+DEMO = osp.join(REPO, 'configs', 'demo', 'upernet_vit-tiny-softmax_1xb8-300it_toy-64x64.py')
 
 
 def _load_train_tool():

@@ -1,7 +1,7 @@
 """Distillation losses as plain ``torch.nn.Module`` s (torch only).
 
 The OpenMMLab integration layer registers these same classes in the ``mmlinvit`` MODELS
-registry (:mod:`mmlinvit.models.losses`), so ``type='mmlinvit.AttentionOutputMSELoss'`` in a
+registry (:mod:`mmlinvit.models.register`), so ``type='mmlinvit.AttentionOutputMSELoss'`` in a
 config and ``from mmlinvit.distill.losses import AttentionOutputMSELoss`` name one class.
 """
 from .activation_matching import ActivationMatchingLoss, cosine_similarity_map

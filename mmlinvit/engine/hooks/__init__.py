@@ -1,5 +1,7 @@
 """Training hooks."""
+from .check_finite_hook import CheckFiniteHook
 from .distill_loss_schedule_hook import DistillLossScheduleHook
 from .export_student_hook import ExportStudentHook
+from .random_state_hook import RandomStateHook
 
-__all__ = ['DistillLossScheduleHook', 'ExportStudentHook']
+__all__ = ['CheckFiniteHook', 'DistillLossScheduleHook', 'ExportStudentHook', 'RandomStateHook']

@@ -2,9 +2,12 @@
 
 A spec names a record as ``'student.<recorder>'``, ``'teacher.<recorder>'`` or a context entry
 ``'context.<key>'``; the dict form ``dict(source='student.feat', connector='proj')`` passes a
-student/teacher record through a connector first.
+student/teacher record through a connector first.  The context entries
+``student_token_layout`` / ``teacher_token_layout`` come from :func:`token_layout`.
 """
-from typing import Optional, Union
+from typing import Optional, Sequence, Tuple, Union
+
+import torch.nn as nn
 
 from .errors import DistillationConfigError
 
@@ -58,3 +61,29 @@ def parse_input_spec(term: str, arg: str, spec: Union[str, dict]) -> InputSpec:
         raise DistillationConfigError(
             f'distill term {term!r}, argument {arg!r}: context entries take no connector')
     return InputSpec(arg, side, name, connector)
+
+
+def token_layout(layout: Optional[Sequence[int]],
+                 backbone: nn.Module) -> Optional[Tuple[int, int]]:
+    """The ``(prefix, suffix)`` special-token counts of a backbone's records.
+
+    Args:
+        layout: The configured ``(prefix, suffix)``; ``None`` reads the backbone.
+        backbone: The student or teacher backbone (its ``num_prefix_tokens`` and
+            ``num_suffix_tokens``, the latter 0 when absent).
+
+    Returns:
+        The layout, or ``None`` when neither is given (a term that maps it then fails at
+        build time).
+
+    Raises:
+        DistillationConfigError: when ``layout`` is not a pair.
+    """
+    if layout is not None:
+        if len(layout) != 2:
+            raise DistillationConfigError(f'a token layout is (prefix, suffix), got '
+                                          f'{tuple(layout)}')
+        return int(layout[0]), int(layout[1])
+    if not hasattr(backbone, 'num_prefix_tokens'):
+        return None  # an error is raised if a term maps it
+    return int(backbone.num_prefix_tokens), int(getattr(backbone, 'num_suffix_tokens', 0))

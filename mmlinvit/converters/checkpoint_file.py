@@ -1,0 +1,118 @@
+"""Diagnosing checkpoint files that cannot be read, before ``torch.load`` sees them.
+
+``torch.load`` reports a damaged file with messages that name neither the file nor the cause
+(``[Errno 22] Invalid argument`` for a truncated archive, a bare ``EOFError`` for an empty
+file, an ``UnpicklingError`` for random bytes, which callers then mistake for a file that only
+needs a full unpickle).  :func:`checkpoint_file_problem` looks at the file's structure instead:
+``torch.save`` writes a zip archive whose end-of-archive record is written last, so a write
+that was cut short (job killed, disk full) leaves an archive without it.  The check reads the
+archive directory and the small pickle record only, never the tensor data, so it costs
+milliseconds for checkpoints of any size.
+"""
+import os
+import zipfile
+from typing import Optional
+
+#: First bytes of a zip archive (``torch.save`` since PyTorch 1.6).
+ZIP_MAGIC = b'PK\x03\x04'
+#: First bytes of the legacy (pre-1.6) ``torch.save`` format: pickle protocol 2 + the magic
+#: number 0x1950a86a20f9469cfc6c as a 10-byte long.
+LEGACY_TORCH_MAGIC = b'\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19'
+
+
+class CheckpointFileError(ValueError):
+    """A checkpoint file is empty, truncated or not a checkpoint at all."""
+
+
+def checkpoint_file_problem(path: str) -> Optional[str]:
+    """Describes why ``path`` cannot be a readable ``torch.save`` / safetensors file.
+
+    Args:
+        path: The file.
+
+    Returns:
+        ``None`` when the file's structure is intact (a zip archive with its directory and a
+        readable pickle record, a legacy torch file, or a safetensors file whose header fits),
+        otherwise a sentence naming the cause, without the path.
+    """
+    if not os.path.exists(path):
+        return 'does not exist'
+    if not os.path.isfile(path):
+        return 'is not a file'
+    size = os.path.getsize(path)
+    if size == 0:
+        return ('is empty (0 bytes): writing it was interrupted before any data was written '
+                '(job killed or disk full)')
+    with open(path, 'rb') as f:
+        head = f.read(16)
+    if path.endswith('.safetensors'):
+        return _safetensors_problem(path, head, size)
+    if head.startswith(ZIP_MAGIC):
+        return _zip_problem(path, size)
+    if head.startswith(LEGACY_TORCH_MAGIC):
+        return None
+    return (f'is not a PyTorch checkpoint: it is neither a zip archive (torch.save) nor a '
+            f'legacy torch file (its {size} bytes start with {head[:8].hex(" ")}); the file '
+            f'is damaged or is something else, so it was not unpickled')
+
+
+def _zip_problem(path: str, size: int) -> Optional[str]:
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+            pickles = [n for n in names if n.endswith('/data.pkl') or n == 'data.pkl']
+            if not pickles:
+                return (f'is a zip archive of {size} bytes without the data.pkl record of a '
+                        f'torch.save file (records: {names[:5]})')
+            archive.read(pickles[0])  # checks the record's CRC
+            for info in archive.infolist():
+                if info.header_offset + info.compress_size > size:
+                    return (f'is truncated: record {info.filename!r} ends past the end of '
+                            f'the {size}-byte file')
+    except zipfile.BadZipFile as err:
+        return (f'is truncated or damaged: a torch.save zip archive of {size} bytes whose '
+                f'directory cannot be read ({err}); writing it was probably cut short (job '
+                f'killed or disk full)')
+    except (OSError, EOFError, ValueError) as err:  # zlib / CRC / seek errors inside
+        return f'is damaged: its zip archive ({size} bytes) cannot be read ({err})'
+    return None
+
+
+def _safetensors_problem(path: str, head: bytes, size: int) -> Optional[str]:
+    if size < 8:
+        return f'is truncated: a safetensors file of only {size} bytes (no header length)'
+    header_len = int.from_bytes(head[:8], 'little')
+    if 8 + header_len > size:
+        return (f'is truncated or not a safetensors file: its header claims {header_len} '
+                f'bytes but the file has {size}')
+    return None
+
+
+def describe_read_error(path: str, err: BaseException) -> str:
+    """One message for an exception raised while reading ``path``: file, cause, original error.
+
+    Args:
+        path: The checkpoint file.
+        err: What the reader raised.
+
+    Returns:
+        The message.
+    """
+    problem = checkpoint_file_problem(path)
+    cause = problem if problem else 'could not be read'
+    return f'Checkpoint {path!r} {cause} ({type(err).__name__}: {err})'
+
+
+def check_checkpoint_file(path: str) -> None:
+    """Raises :class:`CheckpointFileError` naming ``path`` and the cause when it is damaged.
+
+    A missing file raises :class:`FileNotFoundError`.
+
+    Args:
+        path: The checkpoint file.
+    """
+    if not os.path.exists(path):
+        raise FileNotFoundError(f'Checkpoint file {path!r} does not exist')
+    problem = checkpoint_file_problem(path)
+    if problem is not None:
+        raise CheckpointFileError(f'Checkpoint {path!r} {problem}')

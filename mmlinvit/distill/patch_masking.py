@@ -1,0 +1,165 @@
+"""ViT-Linearizer patch masking: a mask token replaces a fixed ratio of the student's patches.
+
+Torch only.  :class:`PatchMasking` checks a student backbone once (it must provide
+``forward_tokens(x, patch_mask, mask_token)``), makes the learnable mask token and draws the
+masks.  Each image gets its own random set of ``round(ratio * h * w)`` masked patches of the
+corner-padded ``(h, w)`` patch grid; the draw depends only on ``(seed, step, rank)``, so a
+resumed run that restores ``step`` draws the same masks again.
+
+The mmengine integration, :class:`~mmlinvit.models.distill.DistillationModel`, keeps the mask
+token and the step counter itself (checkpoint keys ``mask_token`` and ``mask_step``) and runs
+this component (its ``patch_masking=dict(ratio=0.75, seed=0)``).
+"""
+import inspect
+from typing import Optional
+
+import torch
+import torch.nn as nn
+
+from mmlinvit.layers.patch_embed import patch_grid
+from .errors import DistillationConfigError
+
+#: Keys of the ``patch_masking`` config.
+PATCH_MASKING_KEYS = ('ratio', 'seed', 'use_student_mask_token')
+
+
+def sample_patch_mask(batch_size: int, num_patches: int, ratio: float, seed: int, step: int,
+                      rank: int = 0) -> torch.Tensor:
+    """Draws one random patch mask per image, on the CPU.
+
+    Args:
+        batch_size: Number of images B.
+        num_patches: Patches per image N.
+        ratio: Fraction of the patches masked; ``round(ratio * N)`` per image.
+        seed: Base seed of the run.
+        step: Training step (masks differ from step to step).
+        rank: Distributed rank (masks differ from rank to rank).
+
+    Returns:
+        (B, N) bool, True where a patch is masked.
+    """
+    num_masked = int(round(ratio * num_patches))
+    generator = torch.Generator().manual_seed(
+        (seed * 1_000_003 + step * 1_009 + rank) % (2**63 - 1))
+    noise = torch.rand(batch_size, num_patches, generator=generator)
+    masked_idx = noise.argsort(dim=1)[:, :num_masked]
+    mask = torch.zeros(batch_size, num_patches, dtype=torch.bool)
+    mask.scatter_(1, masked_idx, True)
+    return mask
+
+
+class PatchMasking:
+    """Masks a ratio of the student's patch tokens (ViT-Linearizer), checked at build time.
+
+    Args:
+        ratio: Fraction of the patch tokens replaced by the mask token, in [0, 1).
+        seed: Base seed of the mask draws.
+        use_student_mask_token: Use the student backbone's own ``mask_token`` parameter
+            (e.g. Adventurer's, which then trains and is exported with the student) instead
+            of a new one owned by the distillation model.
+
+    Raises:
+        DistillationConfigError: when ``ratio`` is outside [0, 1).
+    """
+
+    def __init__(self, ratio: float = 0.75, seed: int = 0,
+                 use_student_mask_token: bool = False) -> None:
+        ratio = float(ratio)
+        if not 0.0 <= ratio < 1.0:
+            raise DistillationConfigError(f'patch_masking.ratio must be in [0, 1), got {ratio}')
+        self.ratio = ratio
+        self.seed = int(seed)
+        self.use_student_mask_token = bool(use_student_mask_token)
+
+    @classmethod
+    def from_config(cls, cfg: dict) -> 'PatchMasking':
+        """Builds the component from ``dict(ratio=..., seed=..., use_student_mask_token=...)``.
+
+        Raises:
+            DistillationConfigError: naming unknown keys.
+        """
+        cfg = dict(cfg)
+        unknown = sorted(set(cfg) - set(PATCH_MASKING_KEYS))
+        if unknown:
+            raise DistillationConfigError(f"patch_masking takes 'ratio', 'seed' and "
+                                          f"'use_student_mask_token', got unknown keys {unknown}")
+        return cls(**cfg)
+
+    def check(self, student: nn.Module, bare_backbone: bool = True,
+              teacher_forcing: bool = False) -> None:
+        """Checks that ``student`` can run with masked patches.
+
+        Args:
+            student: The student model.
+            bare_backbone: Whether ``student`` is a bare backbone (not a task model).
+            teacher_forcing: Whether teacher forcing drives the student (it cannot mask).
+
+        Raises:
+            DistillationConfigError: naming what the student lacks.
+        """
+        if not bare_backbone or teacher_forcing:
+            raise DistillationConfigError('patch_masking needs a bare backbone student and no '
+                                          'teacher forcing')
+        params = inspect.signature(student.forward_tokens).parameters if callable(
+            getattr(student, 'forward_tokens', None)) else {}
+        if not {'patch_mask', 'mask_token'} <= set(params):
+            raise DistillationConfigError(
+                f'patch_masking needs the student backbone to provide forward_tokens(x, '
+                f'patch_mask, mask_token); {type(student).__name__} does not')
+        for attr in ('patch_size', 'embed_dims'):
+            if not hasattr(student, attr):
+                raise DistillationConfigError(f'patch_masking needs the student backbone '
+                                              f'attribute {attr!r}')
+        # forward_tokens(mask_token=None) falls back to the backbone's own token
+        if self.use_student_mask_token and not isinstance(
+                getattr(student, 'mask_token', None), nn.Parameter):
+            raise DistillationConfigError(
+                f'patch_masking.use_student_mask_token needs a mask_token parameter in the '
+                f'student backbone; build {type(student).__name__} with '
+                f'with_mask_token=True or drop use_student_mask_token')
+
+    def make_mask_token(self, student: nn.Module) -> Optional[nn.Parameter]:
+        """A new (1, C) mask token, truncated-normal (std 0.02); ``None`` with the student's own.
+
+        Args:
+            student: The checked student backbone (its ``embed_dims`` is C).
+        """
+        if self.use_student_mask_token:
+            return None
+        token = nn.Parameter(torch.zeros(1, student.embed_dims))
+        nn.init.trunc_normal_(token, std=0.02)
+        return token
+
+    def sample(self, inputs: torch.Tensor, patch_size: int, step: int,
+               rank: int = 0) -> torch.Tensor:
+        """The masks of a batch (see :func:`sample_patch_mask`).
+
+        Args:
+            inputs: (B, C, H, W) batch; its (H, W) gives the corner-padded patch grid.
+            patch_size: The student's patch side.
+            step: Training step.
+            rank: Distributed rank.
+
+        Returns:
+            (B, h * w) bool on the device of ``inputs``.
+        """
+        grid = patch_grid(inputs.shape[-2:], patch_size)  # corner-padded grid
+        mask = sample_patch_mask(inputs.shape[0], grid[0] * grid[1], self.ratio, self.seed,
+                                 step, rank)
+        return mask.to(inputs.device)
+
+    def forward_student(self, student: nn.Module, inputs: torch.Tensor, patch_mask: torch.Tensor,
+                        mask_token: Optional[torch.Tensor]) -> None:
+        """Runs the student on the masked batch (its recorders capture what the losses need).
+
+        Args:
+            student: The checked student backbone.
+            inputs: (B, C, H, W) batch.
+            patch_mask: (B, h * w) bool from :meth:`sample`.
+            mask_token: The (1, C) mask token; ``None`` uses the student's own.
+        """
+        student.forward_tokens(inputs, patch_mask=patch_mask, mask_token=mask_token)
+
+    def __repr__(self) -> str:
+        return (f'{type(self).__name__}(ratio={self.ratio}, seed={self.seed}, '
+                f'use_student_mask_token={self.use_student_mask_token})')

@@ -1,0 +1,163 @@
+"""Teacher forcing (ViT-AdaLA Stage 1): each student block runs on the teacher's block input.
+
+Torch only.  A :class:`~mmlinvit.distill.recorders.ModuleInputsRecorder` on the teacher
+records the input of every teacher block i; :class:`TeacherForcing` then runs the attention
+branch of student block i (``forward_attn(x, hw_shape, num_prefix_tokens)``) on that input,
+instead of the student's own forward, so the student's attention outputs can be matched to
+the teacher's block by block without errors accumulating through the depth.
+
+The mmengine integration, :class:`~mmlinvit.models.distill.DistillationModel`, builds it
+from ``teacher_forcing=dict(input_recorder='block_in', blocks='blocks')``.
+"""
+from typing import Mapping
+
+import torch
+import torch.nn as nn
+
+from mmlinvit.layers.patch_embed import patch_grid
+from .errors import DistillationConfigError
+from .recorders import ModuleInputsRecorder, ModuleRecorder, module_exists
+
+#: Keys of the ``teacher_forcing`` config.
+TEACHER_FORCING_KEYS = ('input_recorder', 'blocks')
+
+
+def count_blocks(model: nn.Module, template: str) -> int:
+    """How many modules ``template.format(i=0)``, ``template.format(i=1)``, ... exist.
+
+    Args:
+        model: The model searched.
+        template: Module path with an ``{i}`` placeholder, e.g. ``'blocks.{i}'``.
+    """
+    count = 0
+    while module_exists(model, template.format(i=count)):
+        count += 1
+    return count
+
+
+class TeacherForcing:
+    """Feeds each student block the teacher's input of the same block, checked at build time.
+
+    Args:
+        input_recorder: Name of the teacher recorder (type ``'ModuleInputs'``) holding the
+            teacher block inputs.
+        blocks: Path of the student's block container (``'<blocks>.<i>'`` is block i).
+    """
+
+    def __init__(self, input_recorder: str, blocks: str = 'blocks') -> None:
+        self.input_recorder = input_recorder
+        self.blocks = blocks
+
+    @classmethod
+    def from_config(cls, cfg: dict) -> 'TeacherForcing':
+        """Builds the component from ``dict(input_recorder=..., blocks='blocks')``.
+
+        Raises:
+            DistillationConfigError: naming unknown or missing keys.
+        """
+        cfg = dict(cfg)
+        unknown = sorted(set(cfg) - set(TEACHER_FORCING_KEYS))
+        if unknown or 'input_recorder' not in cfg:
+            raise DistillationConfigError(
+                f"teacher_forcing takes 'input_recorder' (required) and 'blocks', got keys "
+                f"{sorted(cfg)}")
+        return cls(**cfg)
+
+    def recorder(self, teacher_recorders: Mapping[str, ModuleRecorder]) -> ModuleInputsRecorder:
+        """The teacher recorder of the block inputs.
+
+        Raises:
+            DistillationConfigError: when it is missing or not a ``'ModuleInputs'`` recorder.
+        """
+        recorder = teacher_recorders.get(self.input_recorder)
+        if not isinstance(recorder, ModuleInputsRecorder):
+            raise DistillationConfigError(
+                f"teacher_forcing.input_recorder {self.input_recorder!r} must name a teacher "
+                f"recorder of type 'ModuleInputs' (block inputs); teacher recorders: "
+                f"{sorted(teacher_recorders)}")
+        return recorder
+
+    def check(self, student: nn.Module, teacher: nn.Module,
+              teacher_recorders: Mapping[str, ModuleRecorder],
+              bare_backbone: bool = True) -> None:
+        """Checks the student against the teacher and the teacher's input recorder.
+
+        Args:
+            student: The student model.
+            teacher: The teacher model the recorders are attached to.
+            teacher_recorders: The attached teacher recorders by name.
+            bare_backbone: Whether ``student`` is a bare backbone (not a task model).
+
+        Raises:
+            DistillationConfigError: for a task-model student, a missing or wrong input
+                recorder, a different number of blocks in student and teacher (naming both),
+                a student block without ``forward_attn``, or a student backbone without
+                ``patch_size`` / ``num_prefix_tokens``.
+        """
+        if not bare_backbone:
+            raise DistillationConfigError('teacher_forcing needs a bare backbone student '
+                                          f'(got {type(student).__name__})')
+        recorder = self.recorder(teacher_recorders)
+        if recorder.is_template:
+            # Block i of the student takes block i's input: a deeper student would have
+            # blocks that never run (and never train), a shallower one no block to run.
+            num_student = count_blocks(student, self.blocks + '.{i}')
+            num_teacher = count_blocks(teacher, recorder.source)
+            if num_student != num_teacher:
+                raise DistillationConfigError(
+                    f'teacher_forcing: the student has {num_student} blocks '
+                    f'({self.blocks!r}) and the teacher {num_teacher} '
+                    f'({recorder.source!r}); student block i runs on the input of teacher '
+                    f'block i, so both need the same number of blocks')
+        for idx, teacher_path in zip(recorder.indices, recorder.paths):
+            path = f'{self.blocks}.{idx}'
+            try:
+                block = student.get_submodule(path)
+            except AttributeError as err:
+                raise DistillationConfigError(
+                    f'teacher_forcing: the student has no block {path!r} for the teacher input '
+                    f'recorded at {teacher_path!r}') from err
+            if not callable(getattr(block, 'forward_attn', None)):
+                raise DistillationConfigError(
+                    f'teacher_forcing: student module {path!r} ({type(block).__name__}) has no '
+                    f'forward_attn(x, hw_shape, num_prefix_tokens)')
+        for attr in ('patch_size', 'num_prefix_tokens'):
+            if not hasattr(student, attr):
+                raise DistillationConfigError(
+                    f'teacher_forcing needs the student backbone attribute {attr!r} '
+                    f'({type(student).__name__} has none)')
+
+    def forward_student(self, student: nn.Module, recorder: ModuleInputsRecorder,
+                        inputs: torch.Tensor, dry_run: bool = False) -> None:
+        """Runs each student block's attention on the recorded teacher block input.
+
+        Call it after the teacher's forward (which filled ``recorder``); the student's own
+        recorders capture the attention outputs.
+
+        Args:
+            student: The checked student backbone.
+            recorder: The teacher's block-input recorder, holding this batch's records.
+            inputs: The (B, C, H, W) batch (its size gives the patch grid).
+            dry_run: Turn shape errors into a :class:`DistillationConfigError` naming the
+                block, the teacher input shape and the student's width and grid.
+        """
+        block_inputs = recorder.get('teacher forcing input')
+        if not isinstance(block_inputs, list):
+            block_inputs = [block_inputs]
+        hw_shape = patch_grid(inputs.shape[-2:], student.patch_size)
+        for idx, x in zip(recorder.indices, block_inputs):
+            block = student.get_submodule(f'{self.blocks}.{idx}')
+            try:
+                block.forward_attn(x, hw_shape, student.num_prefix_tokens)
+            except RuntimeError as err:
+                if not dry_run:
+                    raise
+                raise DistillationConfigError(
+                    f'teacher forcing: student block {self.blocks}.{idx} cannot take the '
+                    f'teacher block input of shape {tuple(x.shape)} (student embed_dims='
+                    f'{getattr(student, "embed_dims", "?")}, grid {hw_shape}, '
+                    f'{student.num_prefix_tokens} prefix tokens): {err}') from err
+
+    def __repr__(self) -> str:
+        return (f'{type(self).__name__}(input_recorder={self.input_recorder!r}, '
+                f'blocks={self.blocks!r})')

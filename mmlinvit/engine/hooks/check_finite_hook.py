@@ -1,0 +1,180 @@
+"""Stops training at the first non-finite loss, gradient norm or parameter, before it is saved.
+
+Without it, a run whose loss turns NaN keeps training (``loss: nan  grad_norm: nan`` in the
+log), writes NaN checkpoints and, with ``max_keep_ckpts``, rotates the last good one away.
+``tools/train.py`` adds this hook to every run (see :mod:`mmlinvit.engine.launch`).
+"""
+import math
+from typing import Any, Dict, List, Optional
+
+import torch
+from mmengine.hooks import Hook
+from mmengine.model import is_model_wrapper
+from mmengine.optim import AmpOptimWrapper, OptimWrapperDict
+
+from mmlinvit.registry import HOOKS
+
+from .checkpoint_schedule import checkpoint_due
+
+#: Message-hub keys where mmengine's optimizer wrappers log the gradient norm / max value.
+GRAD_KEYS = ('train/grad_norm', 'train/grad_value')
+
+
+def _as_float(value: Any) -> Optional[float]:
+    """A logged value as a float (the mean of a tensor: NaN / inf anywhere stay visible)."""
+    if isinstance(value, torch.Tensor):
+        return float(value.detach().float().mean()) if value.numel() else None
+    if isinstance(value, (int, float)):
+        return float(value)
+    return None
+
+
+def non_finite_tensors(named: Dict[str, torch.Tensor], limit: int = 10) -> List[str]:
+    """Names (up to ``limit``) of floating tensors in ``named`` holding NaN or inf.
+
+    One device synchronisation per device, whatever the number of tensors.
+
+    Args:
+        named: Tensors by name (parameters, buffers or a state dict).
+        limit: At most this many names are returned.
+
+    Returns:
+        The names, in ``named``'s order per device.
+    """
+    floats = [(k, v) for k, v in named.items()
+              if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel()]
+    if not floats:
+        return []
+    by_device: Dict[torch.device, List] = {}
+    for key, value in floats:
+        by_device.setdefault(value.device, []).append((key, value))
+    bad: List[str] = []
+    for items in by_device.values():
+        flags = torch.stack([torch.isfinite(v.detach()).all() for _, v in items])
+        if bool(flags.all()):
+            continue
+        for (key, _), ok in zip(items, flags.tolist()):
+            if not ok:
+                bad.append(key)
+                if len(bad) >= limit:
+                    return bad
+    return bad
+
+
+@HOOKS.register_module()
+class CheckFiniteHook(Hook):
+    """Raises ``FloatingPointError`` at the first non-finite training quantity.
+
+    Checked after every training iteration, before ``CheckpointHook`` (priority
+    ``VERY_LOW``) can rotate or write checkpoints:
+
+    * every logged loss term (keys containing ``loss``) and the total loss;
+    * the gradient norm the optimizer wrapper computed for ``clip_grad`` (``train/grad_norm``,
+      present when ``clip_grad`` is configured).  With ``AmpOptimWrapper`` a non-finite
+      gradient norm is allowed: the loss scaler skips that step and lowers its scale;
+    * all parameters and floating buffers of the model, when a checkpoint is due at this
+      iteration / epoch (so a NaN checkpoint is never written and no good one is deleted
+      for it).
+
+    ``before_save_checkpoint`` checks the weights once more (any checkpoint, e.g. ``save_best``).
+
+    Args:
+        check_params_every_iter: Also check the parameters after every iteration (one
+            reduction over all weights per iteration), not only before checkpoints.
+    """
+
+    priority = 'ABOVE_NORMAL'
+
+    def __init__(self, check_params_every_iter: bool = False) -> None:
+        self.check_params_every_iter = check_params_every_iter
+        self._grad_lengths: Dict[str, int] = {}
+
+    # ------------------------------------------------------------------ helpers
+    @staticmethod
+    def _model(runner) -> torch.nn.Module:
+        return runner.model.module if is_model_wrapper(runner.model) else runner.model
+
+    @staticmethod
+    def _amp(runner) -> bool:
+        wrapper = runner.optim_wrapper
+        if isinstance(wrapper, OptimWrapperDict):
+            return any(isinstance(w, AmpOptimWrapper) for w in wrapper.values())
+        return isinstance(wrapper, AmpOptimWrapper)
+
+    @staticmethod
+    def _last_checkpoint(runner) -> str:
+        last = runner.message_hub.get_info('last_ckpt')
+        return f'the last checkpoint, {last}, was written before this' if last else \
+            'no checkpoint was written yet'
+
+    def _fail(self, runner, what: str, where: str) -> None:
+        raise FloatingPointError(
+            f'{what} at {where}; training stopped before anything non-finite was saved '
+            f'({self._last_checkpoint(runner)}). Lower the learning rate, enable or tighten '
+            f'optim_wrapper.clip_grad, try --amp with a dynamic loss scale, or check the '
+            f'inputs of the failing term (resume from the last checkpoint with --resume).')
+
+    def _check_params(self, runner, where: str) -> None:
+        model = self._model(runner)
+        named = dict(model.named_parameters())
+        named.update((k, v) for k, v in model.named_buffers() if k not in named)
+        bad = non_finite_tensors(named)
+        if bad:
+            self._fail(runner, f'Non-finite model weights ({", ".join(bad)})', where)
+
+    def _fresh_grad_values(self, runner) -> Dict[str, float]:
+        values = {}
+        scalars = runner.message_hub.log_scalars
+        for key in GRAD_KEYS:
+            if key not in scalars:
+                continue
+            buffer = scalars[key]
+            length = len(buffer.data[0])
+            fresh = length != self._grad_lengths.get(key) or length >= buffer.max_length
+            self._grad_lengths[key] = length
+            if fresh:
+                values[key.split('/', 1)[1]] = float(buffer.current())
+        return values
+
+    # ------------------------------------------------------------------ hook stages
+    def before_train(self, runner) -> None:
+        """Remembers how many gradient norms are logged already (a resumed message hub)."""
+        scalars = runner.message_hub.log_scalars
+        self._grad_lengths = {k: len(scalars[k].data[0]) for k in GRAD_KEYS if k in scalars}
+
+    def after_train_iter(self,
+                         runner,
+                         batch_idx: int,
+                         data_batch: Any = None,
+                         outputs: Optional[dict] = None) -> None:
+        """Checks the losses, the gradient norm and (before a checkpoint) the weights."""
+        where = f'iteration {runner.iter + 1}'
+        bad = []
+        for key, value in (outputs or {}).items():
+            if 'loss' not in key:
+                continue
+            number = _as_float(value)
+            if number is not None and not math.isfinite(number):
+                bad.append(f'{key}={number}')
+        if bad:
+            self._fail(runner, f'Non-finite loss ({", ".join(bad)})', where)
+        if not self._amp(runner):
+            for name, number in self._fresh_grad_values(runner).items():
+                if not math.isfinite(number):
+                    self._fail(runner, f'Non-finite gradient ({name}={number}; the loss was '
+                               f'finite, so the backward pass overflowed)', where)
+        if self.check_params_every_iter or checkpoint_due(runner, 'iter'):
+            self._check_params(runner, where)
+
+    def after_train_epoch(self, runner) -> None:
+        """Checks the weights before an epoch checkpoint."""
+        if checkpoint_due(runner, 'epoch'):
+            self._check_params(runner, f'the end of epoch {runner.epoch + 1}')
+
+    def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
+        """Refuses to write a checkpoint whose weights are not finite."""
+        bad = non_finite_tensors(checkpoint.get('state_dict', {}))
+        if bad:
+            meta = checkpoint.get('meta', {})
+            self._fail(runner, f'Non-finite weights in the checkpoint being saved '
+                       f'({", ".join(bad)})', f'iteration {meta.get("iter", runner.iter)}')

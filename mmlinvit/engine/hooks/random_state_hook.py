@@ -1,0 +1,142 @@
+"""Saves every process' random streams in checkpoints and restores them on resume.
+
+With the data pipeline on per-sample streams (:mod:`mmlinvit.engine.sample_seeding`), what
+remains are the streams of the training processes themselves: python ``random``, numpy, torch
+CPU and CUDA generators, which feed dropout, drop-path, random masking and anything else the
+model or a hook draws.  mmengine re-seeds them when a run is resumed; this hook puts back the
+exact states of the interrupted run instead.
+"""
+import logging
+import random
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+import torch
+from mmengine.dist import all_gather_object, get_dist_info
+from mmengine.hooks import Hook
+from mmengine.logging import print_log
+
+from mmlinvit.registry import HOOKS
+
+from .checkpoint_schedule import checkpoint_due
+
+#: Key of the random states in a runner checkpoint.
+CHECKPOINT_KEY = 'mmlinvit_random_states'
+
+
+def capture_random_state() -> Dict[str, Any]:
+    """This process' python / numpy / torch (CPU, current CUDA device) generator states."""
+    state = dict(python=random.getstate(), numpy=np.random.get_state(),
+                 torch=torch.random.get_rng_state())
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state['cuda'] = torch.cuda.get_rng_state()
+    return state
+
+
+def restore_random_state(state: Dict[str, Any]) -> None:
+    """Puts back states captured by :func:`capture_random_state`.
+
+    Args:
+        state: The captured states (tensors may have been mapped to another device).
+    """
+    random.setstate(state['python'])
+    np.random.set_state(state['numpy'])
+    torch.random.set_rng_state(state['torch'].cpu())
+    if 'cuda' in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state['cuda'].cpu())
+
+
+@HOOKS.register_module()
+class RandomStateHook(Hook):
+    """Stores the random states of all ranks in each checkpoint; restores them on resume.
+
+    * ``before_train``: gives every data loader of the run its own ``torch.Generator``, so
+      that starting an iterator (which draws the workers' base seed) does not consume the
+      global torch stream - otherwise the resumed run, which starts its iterator at another
+      point, would be one draw off.
+    * ``after_train_iter`` / ``after_train_epoch``: when a checkpoint is due and several
+      processes train, the states of all ranks are gathered (checkpoints are written by rank
+      0 only).
+    * ``before_save_checkpoint``: writes them under ``checkpoint['mmlinvit_random_states']``.
+    * ``after_load_checkpoint`` + the first ``before_train_iter`` of a resumed run: each rank
+      gets its state back, right where the interrupted run would have continued.
+    """
+
+    priority = 'ABOVE_NORMAL'
+
+    def __init__(self) -> None:
+        self._gathered: Optional[Tuple[Tuple[int, int], List[Dict[str, Any]]]] = None
+        self._pending: Optional[Dict[str, Any]] = None
+        self._pending_iter: Optional[int] = None
+
+    # ------------------------------------------------------------------ data loaders
+    def before_train(self, runner) -> None:
+        """Gives the train / val loaders private generators for their workers' base seeds."""
+        loaders = [runner.train_dataloader]
+        val_loop = runner.val_loop  # built by Runner.train() before this stage
+        if val_loop is not None and hasattr(val_loop, 'dataloader'):
+            loaders.append(val_loop.dataloader)
+        for offset, loader in enumerate(loaders):
+            if isinstance(loader, torch.utils.data.DataLoader) and loader.generator is None:
+                loader.generator = torch.Generator().manual_seed(int(runner.seed) + offset)
+
+    # ------------------------------------------------------------------ saving
+    def _gather_if_saving(self, runner, stage: str) -> None:
+        _, world_size = get_dist_info()
+        if world_size > 1 and checkpoint_due(runner, stage):
+            self._gathered = ((runner.epoch, runner.iter), all_gather_object(
+                capture_random_state()))
+
+    def after_train_iter(self,
+                         runner,
+                         batch_idx: int,
+                         data_batch: Any = None,
+                         outputs: Optional[dict] = None) -> None:
+        """Gathers all ranks' states when an iteration checkpoint follows."""
+        self._gather_if_saving(runner, 'iter')
+
+    def after_train_epoch(self, runner) -> None:
+        """Gathers all ranks' states when an epoch checkpoint follows."""
+        self._gather_if_saving(runner, 'epoch')
+
+    def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
+        """Stores the states of every rank (``None`` for ranks not gathered at this step)."""
+        _, world_size = get_dist_info()
+        if world_size == 1:
+            states: List[Optional[Dict[str, Any]]] = [capture_random_state()]
+        elif self._gathered is not None and self._gathered[0] == (runner.epoch, runner.iter):
+            states = list(self._gathered[1])
+        else:  # e.g. a save_best checkpoint after validation: only rank 0 is here
+            states = [capture_random_state()] + [None] * (world_size - 1)
+        checkpoint[CHECKPOINT_KEY] = dict(world_size=world_size, states=states)
+
+    # ------------------------------------------------------------------ resuming
+    def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
+        """Keeps the states of a loaded checkpoint until the first resumed iteration."""
+        self._pending = checkpoint.get(CHECKPOINT_KEY)
+        self._pending_iter = checkpoint.get('meta', {}).get('iter')
+        if self._pending is None:
+            self._pending = dict(missing=True)
+
+    def before_train_iter(self, runner, batch_idx: int, data_batch: Any = None) -> None:
+        """Restores this rank's state at the first iteration after a resume."""
+        if self._pending is None:
+            return
+        pending, self._pending = self._pending, None
+        if self._pending_iter is None or runner.iter != self._pending_iter:
+            return  # load_from (fine-tuning from a checkpoint), not a resume
+        if pending.get('missing'):
+            print_log('The resumed checkpoint has no random states (written without '
+                      'mmlinvit.RandomStateHook): dropout, drop-path and other random draws '
+                      'of the model differ from an uninterrupted run from here on.',
+                      logger='current', level=logging.WARNING)
+            return
+        rank, world_size = get_dist_info()
+        states = pending['states']
+        if pending['world_size'] != world_size or states[rank] is None:
+            print_log(f'The resumed checkpoint holds the random states of '
+                      f'{pending["world_size"]} process(es), not of rank {rank} of '
+                      f'{world_size}: its random draws restart from the seed.',
+                      logger='current', level=logging.WARNING)
+            return
+        restore_random_state(states[rank])

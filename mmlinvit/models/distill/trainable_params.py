@@ -1,0 +1,29 @@
+"""``trainable_params``: which student parameters train, by fnmatch pattern of their names."""
+import fnmatch
+from typing import Sequence
+
+import torch.nn as nn
+
+from .errors import DistillationConfigError
+
+
+def freeze_all_but(model: nn.Module, patterns: Sequence[str]) -> None:
+    """Freezes every parameter of ``model`` whose name matches none of ``patterns``.
+
+    Args:
+        model: The student.
+        patterns: fnmatch patterns of parameter names (e.g. ``['blocks.*.attn.*']``).
+
+    Raises:
+        DistillationConfigError: naming a pattern that matches no parameter (a typo would
+            otherwise freeze everything it meant to train).
+    """
+    names = [name for name, _ in model.named_parameters()]
+    for pattern in patterns:
+        if not any(fnmatch.fnmatchcase(name, pattern) for name in names):
+            raise DistillationConfigError(
+                f'trainable_params pattern {pattern!r} matches no student parameter; '
+                f'first names: {names[:8]}')
+    for name, param in model.named_parameters():
+        if not any(fnmatch.fnmatchcase(name, p) for p in patterns):
+            param.requires_grad_(False)

@@ -1,0 +1,131 @@
+"""Issue 11 item 2: a run stopped right after its iteration-8 checkpoint and resumed with
+``--resume`` reproduces the uninterrupted run's losses exactly, with random augmentation
+(RandomResize / RandomCrop / RandomFlip; RandomResizedCrop / RandomFlip) and a model that draws
+random numbers (drop-path), for ``num_workers`` 0 and 2, in one process and in a 2-process
+gloo run (tools/dist_train.sh).
+
+The data pipeline runs on per-sample streams (mmlinvit.engine.sample_seeding), so the losses
+are also the same for every ``num_workers``: the runs below mix 0 and 2 across the checkpoint.
+"""
+import os.path as osp
+import shutil
+import socket
+import sys
+
+import pytest
+
+from torchrun_retry import run_multiprocess
+from train_testing import (REPO, RunStopped, dump, env_for_subprocess, load_tool,
+                           make_image_folder, make_toy_scenes, read_losses, toy_cls_config,
+                           toy_config)
+
+
+pytestmark = pytest.mark.usefixtures('one_thread')
+
+
+@pytest.fixture(scope='module')
+def toy_root(tmp_path_factory) -> str:
+    return make_toy_scenes(str(tmp_path_factory.mktemp('toy') / 'toy_ade'))
+
+
+def _train(cfg, tmp_path, name, work_dir, *flags, hooks=()):
+    """tools/train.py in this process; returns {iteration: losses} of rank 0."""
+    record = str(tmp_path / f'{name}.jsonl')
+    path = dump(cfg, str(tmp_path / f'{name}.py'),
+                hooks=[dict(type='RecordLossesHook', path=record)] + list(hooks))
+    try:
+        load_tool('train').main([path, '--work-dir', work_dir, *flags])
+    except RunStopped:
+        pass
+    return read_losses(record).get(0, {})
+
+
+def _assert_same(resumed, full, first, last, what):
+    for it in range(first, last + 1):
+        assert it in resumed, (what, it, sorted(resumed))
+        for key, value in full[it].items():
+            assert resumed[it][key] == value, (what, it, key, resumed[it][key], value)
+
+
+def test_resume_is_exact_in_one_process(tmp_path, toy_root):
+    def cfg(num_workers):
+        return toy_config(toy_root, 'unused', max_iters=10, interval=4, num_workers=num_workers)
+
+    full0 = _train(cfg(0), tmp_path, 'full0', str(tmp_path / 'full0'))
+    full2 = _train(cfg(2), tmp_path, 'full2', str(tmp_path / 'full2'))
+    assert sorted(full0) == list(range(1, 11))
+    _assert_same(full2, full0, 1, 10, 'num_workers 2 vs 0')
+
+    stopped = str(tmp_path / 'stopped')
+    first = _train(cfg(2), tmp_path, 'first', stopped,
+                   hooks=[dict(type='StopHook', after_iter=8)])
+    assert sorted(first) == list(range(1, 9))
+    assert osp.isfile(osp.join(stopped, 'iter_8.pth'))
+    for num_workers in (0, 2):
+        work_dir = str(tmp_path / f'resumed{num_workers}')
+        shutil.copytree(stopped, work_dir)
+        with open(osp.join(work_dir, 'last_checkpoint'), 'w') as f:
+            f.write(osp.join(work_dir, 'iter_8.pth'))
+        resumed = _train(cfg(num_workers), tmp_path, f'resumed{num_workers}', work_dir,
+                         '--resume')
+        assert sorted(resumed) == [9, 10], resumed
+        _assert_same(resumed, full0, 9, 10, f'resumed, num_workers={num_workers}')
+
+
+def test_epoch_based_mmpretrain_resume_is_exact(tmp_path):
+    data = make_image_folder(str(tmp_path / 'data'))
+
+    def cfg(num_workers):
+        return toy_cls_config(data, 'unused', max_epochs=2, num_workers=num_workers)
+
+    full = _train(cfg(0), tmp_path, 'full', str(tmp_path / 'full'))
+    assert sorted(full) == list(range(1, 9))  # 8 images, batch 2: 4 iterations per epoch
+    work_dir = str(tmp_path / 'run')
+    _train(cfg(2), tmp_path, 'first', work_dir, hooks=[dict(type='StopHook', after_epoch=1)])
+    resumed = _train(cfg(2), tmp_path, 'resumed', work_dir, '--resume')
+    assert sorted(resumed) == [5, 6, 7, 8]
+    _assert_same(resumed, full, 5, 8, 'epoch 2 after resume')
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(('127.0.0.1', 0))
+        return sock.getsockname()[1]
+
+
+def _dist_train(cfg, tmp_path, name, work_dir, *flags, hooks=()):
+    record = str(tmp_path / f'{name}.jsonl')
+    path = dump(cfg, str(tmp_path / f'{name}.py'),
+                hooks=[dict(type='RecordLossesHook', path=record)] + list(hooks))
+    env = env_for_subprocess(PYTHON=sys.executable, PORT=str(_free_port()), NNODES='1',
+                             NODE_RANK='0', MASTER_ADDR='127.0.0.1')
+    proc = run_multiprocess(['bash', osp.join(REPO, 'tools', 'dist_train.sh'), path, '2',
+                             '--work-dir', work_dir, *flags],
+                            env=env, cwd=str(tmp_path), timeout=400)
+    return proc, read_losses(record)
+
+
+def test_resume_is_exact_in_a_two_process_gloo_run(tmp_path, toy_root):
+    # Three launches: uninterrupted with 2 workers per rank, stopped hard after the
+    # iteration-8 checkpoint with num_workers=0, resumed with 2 workers per rank.
+    def cfg(num_workers):
+        return toy_config(toy_root, 'unused', max_iters=10, interval=4, num_workers=num_workers)
+
+    proc, full = _dist_train(cfg(2), tmp_path, 'full', str(tmp_path / 'full'))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert sorted(full) == [0, 1] and all(sorted(full[r]) == list(range(1, 11)) for r in (0, 1))
+    assert full[0][1]['loss'] != full[1][1]['loss']  # the ranks see different samples
+
+    work_dir = str(tmp_path / 'run')
+    proc, first = _dist_train(cfg(0), tmp_path, 'first', work_dir,
+                              hooks=[dict(type='StopHook', after_iter=8, hard=True)])
+    assert proc.returncode != 0  # killed right after the iteration-8 checkpoint
+    assert osp.isfile(osp.join(work_dir, 'iter_8.pth'))
+    for rank in (0, 1):  # per-sample streams: the same losses without workers
+        _assert_same(first[rank], full[rank], 1, 8, f'rank {rank}, num_workers 0 vs 2')
+
+    proc, resumed = _dist_train(cfg(2), tmp_path, 'resumed', work_dir, '--resume')
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    for rank in (0, 1):
+        assert sorted(resumed[rank]) == [9, 10]
+        _assert_same(resumed[rank], full[rank], 9, 10, f'rank {rank} after resume')
