@@ -25,16 +25,14 @@ Flip schedules (``flip_schedule``):
 Parameter names follow the public code (``patch_embed.proj``, ``cls_token``, ``pos_embed``
 with the class position LAST, ``layers.i.{norm, mixer.*, norm_mlp, mlp.w1, mlp.w2, mlp.w3}``,
 ``norm_f``) plus ``mask_token``, so released weights load with ``strict=True`` once the
-classifier ``head.*`` is dropped (see :meth:`Adventurer.init_weights`).
+classifier ``head.*`` is dropped (the ``'adventurer'`` layout of :mod:`mmlinvit.converters`,
+used by :meth:`Adventurer.init_weights`).
 
 Memory is O(N) in the number of tokens: the mixer's chunked scan never builds an N x N
 tensor, only chunk x chunk blocks.  Inputs whose side is not a multiple of the patch size are
 zero-padded at the bottom / right, as in mmseg's ViT (grid ``ceil(H / 16) x ceil(W / 16)``).
 """
-import logging
-import pickle
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -43,12 +41,11 @@ import torch.nn.functional as F
 from mmlinvit.layers.mamba2 import Mamba2Mixer
 from mmlinvit.layers.norm import RMSNorm
 from mmlinvit.layers.patch_embed import PatchEmbed
-from mmlinvit.layers.pos_embed import infer_square_grid, resample_pos_grid
+from mmlinvit.layers.pos_embed import infer_square_grid
 from mmlinvit.layers.transformer import DropPath
+from .base import TokenBackbone
 from .checkpointing import run_block
-from .outputs import check_out_type, format_tokens, resolve_out_indices
-
-logger = logging.getLogger(__name__)
+from .outputs import check_out_type
 
 #: Sizes of the public models (all patch 16, Mamba-2 headdim 64, d_state 64, expand 2).
 ADVENTURER_SIZES: Dict[str, dict] = {
@@ -60,94 +57,6 @@ ADVENTURER_SIZES: Dict[str, dict] = {
 _SIZE_ALIASES = {'tiny': 't', 'small': 's', 'base': 'b', 'large': 'l'}
 
 FLIP_SCHEDULES = ('paper', 'official', 'none')
-#: Checkpoint keys that wrap a state dict, unwrapped by :meth:`Adventurer.init_weights`.
-CHECKPOINT_WRAPPER_KEYS = ('state_dict', 'model')
-#: Key prefixes under which other models hold an Adventurer, tried in this order: a
-#: ``mmlinvit.DistillationModel`` with a task-model student, one with a bare-backbone student
-#: (ViT-Linearizer), an mmpretrain / mmseg task model.  The first prefix some key carries
-#: selects the keys under it; every other key (teacher, connectors, heads...) is dropped.
-CHECKPOINT_PREFIXES = ('student.backbone.', 'student.', 'backbone.')
-
-
-@dataclass
-class AdventurerCheckpointReport:
-    """What :func:`select_adventurer_state_dict` / :meth:`Adventurer.init_weights` did.
-
-    Attributes:
-        source: The checkpoint (path or description).
-        prefix: The prefix whose keys were kept (``''``: none, a plain backbone file).
-        dropped: Checkpoint key -> why it was not loaded.
-        notes: Value changes (e.g. a resampled position grid).
-        loaded: Number of tensors loaded (0 until loaded).
-    """
-    source: str
-    prefix: str = ''
-    dropped: Dict[str, str] = field(default_factory=dict)
-    notes: List[str] = field(default_factory=list)
-    loaded: int = 0
-
-    def summary(self) -> str:
-        """One line: what was loaded, under which prefix, and what was dropped (grouped)."""
-        reasons: Dict[str, List[str]] = {}
-        for key, reason in self.dropped.items():
-            reasons.setdefault(reason, []).append(key)
-        parts = [f'loaded {self.loaded} tensors from {self.source}']
-        if self.prefix:
-            parts.append(f'keys under {self.prefix!r}')
-        for reason, keys in sorted(reasons.items()):
-            shown = ', '.join(sorted(keys)[:6]) + (' ...' if len(keys) > 6 else '')
-            parts.append(f'dropped {len(keys)} ({reason}): {shown}')
-        return '; '.join(parts + self.notes)
-
-
-def select_adventurer_state_dict(
-        checkpoint: Mapping[str, Any],
-        source: str = 'the checkpoint') -> Tuple[Dict[str, torch.Tensor],
-                                                  AdventurerCheckpointReport]:
-    """Extracts Adventurer weights from a backbone file or a training checkpoint.
-
-    Unwraps ``state_dict`` / ``model``, strips a DDP ``module.`` prefix, keeps the keys under
-    the first of :data:`CHECKPOINT_PREFIXES` that occurs (a ``mmlinvit.DistillationModel``
-    checkpoint: ``student.*``; its ``connectors.*``, wrapper ``mask_token`` and ``mask_step``
-    are dropped) and drops classifier keys ``head.*`` (released ImageNet models).
-
-    Args:
-        checkpoint: The loaded checkpoint object.
-        source: Description for the report and error messages.
-
-    Returns:
-        The Adventurer state dict and an :class:`AdventurerCheckpointReport`.
-
-    Raises:
-        TypeError: when no state dict of tensors is found.
-    """
-    obj: Any = checkpoint
-    for key in CHECKPOINT_WRAPPER_KEYS:
-        if isinstance(obj, Mapping) and isinstance(obj.get(key), Mapping):
-            obj = obj[key]
-            break
-    if not isinstance(obj, Mapping) or not obj:
-        raise TypeError(f'{source} does not hold a state dict (got {type(obj).__name__})')
-    state = {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
-    report = AdventurerCheckpointReport(source)
-    for key in obj:
-        if key not in state:
-            report.dropped[key] = 'not a tensor'
-    if state and all(k.startswith('module.') for k in state):
-        state = {k[len('module.'):]: v for k, v in state.items()}
-    for prefix in CHECKPOINT_PREFIXES:
-        if any(k.startswith(prefix) for k in state):
-            report.prefix = prefix
-            for key in state:
-                if not key.startswith(prefix):
-                    report.dropped[key] = f'outside {prefix!r}'
-            state = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
-            break
-    for key in [k for k in state if k.startswith('head.')]:
-        report.dropped[report.prefix + key] = 'classifier head'
-        del state[key]
-    return state, report
-
 
 def flip_block_indices(schedule: Union[str, Sequence[int]], num_layers: int) -> List[int]:
     """Indices of the blocks that scan the patch tokens in reverse.
@@ -272,7 +181,7 @@ class StageFeatures(NamedTuple):
     hw_shape: Tuple[int, int]
 
 
-class Adventurer(nn.Module):
+class Adventurer(TokenBackbone):
     """Adventurer backbone with ViT-like outputs (classification, segmentation, distillation).
 
     Args:
@@ -297,10 +206,20 @@ class Adventurer(nn.Module):
             of patch tokens) or ``'featmap'`` (B, C, h, w).
         norm_all_outputs: Apply ``norm_f`` to every returned block, not only the last one.
         frozen_stages: Freeze the embeddings, tokens and the first ``frozen_stages`` blocks.
-        pretrained: Checkpoint path loaded by :meth:`init_weights`.
+        pretrained: Checkpoint path loaded by :meth:`init_weights`: a backbone file, a
+            released model (``head.*`` dropped), a task-model checkpoint (``backbone.*``) or a
+            ``mmlinvit.DistillationModel`` checkpoint (``student.*``; its connectors and
+            masking state dropped), read as the ``'adventurer'`` layout of
+            :mod:`mmlinvit.converters`.  A checkpoint ``mask_token`` is dropped for a model
+            built with ``with_mask_token=False``; everything else must match.
         with_cp: Activation checkpointing of the blocks while training with gradients
             (recompute in backward; see :mod:`.checkpointing`).
     """
+
+    BLOCKS = 'layers'
+    FINAL_NORM = 'norm_f'
+    STEM = ('cls_token', 'mask_token', 'pos_embed', 'patch_embed')
+    BUILD_OPTIONS = 'arch / with_mask_token / mixer_cfg'
 
     def __init__(self,
                  arch: Union[str, dict] = 'b',
@@ -350,8 +269,10 @@ class Adventurer(nn.Module):
         self.frozen_stages = frozen_stages
         self.pretrained = pretrained
         self.with_cp = with_cp
-        #: What the last :meth:`init_weights` loaded and dropped (``None`` before).
-        self.load_report: Optional[AdventurerCheckpointReport] = None
+        self.pos_interp = 'bicubic'
+        self.pos_interp_source = 'fixed for Adventurer'
+        self.checkpoint_layout = 'adventurer'
+        self.load_report = None  # ConversionReport of init_weights' pretrained load
 
         self.patch_embed = PatchEmbed(in_channels, self.embed_dims, patch_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, self.embed_dims))
@@ -375,10 +296,7 @@ class Adventurer(nn.Module):
         ])
         self.norm_f = RMSNorm(self.embed_dims, eps=norm_eps)
 
-        self.out_indices = resolve_out_indices(out_indices, self.num_layers)
-        self._init_parameters()
-        self._register_load_state_dict_pre_hook(self._adapt_pos_embed_on_load)
-        self._freeze_stages()
+        self._finish_init(out_indices)
 
     # ------------------------------------------------------------------ construction
     @torch.no_grad()
@@ -406,106 +324,37 @@ class Adventurer(nn.Module):
         for blk in self.layers:
             blk.mixer.out_proj.weight.div_(self.num_layers**0.5)
 
-    def init_weights(self) -> None:
-        """Loads ``pretrained`` if set (mmengine calls this); otherwise keeps the init.
+    def surplus_checkpoint_keys(self) -> Dict[str, str]:
+        """A checkpoint ``mask_token`` is dropped when this model has none (built with
+        ``with_mask_token=False``): the token is only used by masked distillation."""
+        if self.mask_token is not None:
+            return {}
+        return {'mask_token': 'mask token of masked distillation (this model has '
+                              'with_mask_token=False)'}
 
-        The file is read with ``torch.load(weights_only=True)`` and passed through
-        :func:`select_adventurer_state_dict`, so a plain backbone file, a released model
-        (``head.*`` dropped), a task-model checkpoint (``backbone.*``) and a
-        ``mmlinvit.DistillationModel`` checkpoint of a distilled Adventurer (``student.*``;
-        connectors and the wrapper's masking state dropped) all load.  A ``mask_token`` in
-        the checkpoint is dropped when this model is built with ``with_mask_token=False``
-        (the token is only used by masked distillation, never by :meth:`forward`).
-        Everything else must match exactly (``strict=True``); a mismatch raises a
-        ``KeyError`` that lists the missing and unexpected keys.  A checkpoint position grid
-        of another (square) size is resampled (bicubic) to this model's grid before loading,
-        so the ``pos_embed`` parameter is kept: runners build the optimizer and the DDP
-        wrapper before ``init_weights``, and mmengine refuses replaced parameters.  What was
-        loaded, dropped and resampled is logged and kept in ``self.load_report``
-        (:class:`AdventurerCheckpointReport`).
-        """
-        if not self.pretrained:
-            return
-        try:
-            ckpt = torch.load(self.pretrained, map_location='cpu', weights_only=True)
-        except pickle.UnpicklingError as err:
-            raise TypeError(
-                f'{self.pretrained} holds Python objects besides tensors (an mmengine runner '
-                f'checkpoint with its training state?), which the safe torch.load('
-                f'weights_only=True) refuses. Use the student_backbone.pth written by '
-                f'mmlinvit.ExportStudentHook, or re-save the weights of a checkpoint you trust '
-                f'with tools/model_converters/export_student.py CKPT OUT --trust-checkpoint'
-            ) from err
-        state, report = select_adventurer_state_dict(ckpt, str(self.pretrained))
-        if self.mask_token is None and 'mask_token' in state:
-            report.dropped[report.prefix + 'mask_token'] = (
-                'mask token of masked distillation; this model has with_mask_token=False')
-            del state['mask_token']
-        self._fit_pos_grid(state, report)
-        own = set(self.state_dict())
-        missing, unexpected = sorted(own - set(state)), sorted(set(state) - own)
-        if missing or unexpected:
-            hints = []
-            if 'mask_token' in missing:
-                hints.append('the checkpoint has no mask_token: build with with_mask_token=False')
-            if report.dropped:
-                hints.append(report.summary())
-            raise KeyError(f'Checkpoint {self.pretrained} does not match Adventurer '
-                           f'({self.arch}): missing keys {missing}; unexpected keys '
-                           f'{unexpected}' + (f" ({'; '.join(hints)})" if hints else ''))
-        self.load_state_dict(state, strict=True)
-        report.loaded = len(state)
-        self.load_report = report
-        logger.info('Adventurer.init_weights: %s', report.summary())
-
-    def _fit_pos_grid(self, state: Dict[str, torch.Tensor],
-                      report: AdventurerCheckpointReport) -> None:
-        """Resamples a checkpoint ``pos_embed`` of another square grid to ``self.pos_grid``.
-
-        Shapes that are no (1, s * s + 1, C) grid of this width are left to the strict load,
-        which reports them.
-        """
-        pos = state.get('pos_embed')
-        if (pos is None or pos.shape == self.pos_embed.shape or pos.ndim != 3
-                or pos.shape[0] != 1 or pos.shape[-1] != self.embed_dims):
-            return
-        src = infer_square_grid(pos.shape[1] - 1)
-        patches = resample_pos_grid(pos[:, :-1], src, self.pos_grid, 'bicubic')
-        state['pos_embed'] = torch.cat([patches.to(pos.dtype), pos[:, -1:]], dim=1)
-        report.notes.append(f'pos_embed resampled (bicubic) from a {src[0]}x{src[1]} grid to '
-                            f'the model grid {self.pos_grid[0]}x{self.pos_grid[1]}')
-
-    def _freeze_stages(self) -> None:
-        if self.frozen_stages < 0:
-            return
-        for p in (self.cls_token, self.mask_token, self.pos_embed):
-            if p is not None:
-                p.requires_grad_(False)
-        for mod in [self.patch_embed] + list(self.layers[:self.frozen_stages]):
-            mod.eval()
-            for p in mod.parameters():
-                p.requires_grad_(False)
-
-    def train(self, mode: bool = True) -> 'Adventurer':
-        super().train(mode)
-        self._freeze_stages()
-        return self
-
-    def _adapt_pos_embed_on_load(self, state_dict: Dict[str, torch.Tensor], prefix: str,
-                                 *args) -> None:
-        """Adopts the checkpoint's (square) position grid; forward resamples it."""
-        key = prefix + 'pos_embed'
-        if key not in state_dict:
-            return
-        ckpt = state_dict[key]
-        if (ckpt.shape == self.pos_embed.shape or ckpt.ndim != 3
-                or ckpt.shape[-1] != self.embed_dims):
-            return  # matching, or a mismatch load_state_dict reports with both shapes
-        self.pos_grid = infer_square_grid(ckpt.shape[1] - 1)
-        self.pos_embed = nn.Parameter(torch.empty_like(ckpt, device=self.pos_embed.device),
+    def _load_other_grid(self, pos: torch.Tensor) -> torch.Tensor:
+        """A direct ``load_state_dict`` adopts the checkpoint's (square) position grid, which
+        forward then resamples per input (:meth:`init_weights` resamples it to the model grid
+        instead, keeping the parameter)."""
+        self.pos_grid = infer_square_grid(pos.shape[1] - 1)
+        self.pos_embed = nn.Parameter(torch.empty_like(pos, device=self.pos_embed.device),
                                       requires_grad=self.pos_embed.requires_grad)
+        return pos
 
     # ------------------------------------------------------------------ forward pieces
+    @property
+    def pos_extra_rows(self) -> Tuple[int, int]:
+        """The class position comes last in ``pos_embed``."""
+        return 0, 1
+
+    @property
+    def token_layout(self) -> Tuple[int, slice]:
+        """Patches first, the class token last."""
+        return -1, slice(None, -1)
+
+    def _block_args(self, hw_shape: Tuple[int, int]) -> tuple:
+        return ()
+
     @property
     def num_heads(self) -> int:
         """Mamba-2 heads per block."""
@@ -513,55 +362,14 @@ class Adventurer(nn.Module):
 
     def patch_pos_embed(self, hw_shape: Tuple[int, int]) -> torch.Tensor:
         """Patch position embeddings resampled (bicubic) to ``hw_shape``, (1, h * w, C)."""
-        return resample_pos_grid(self.pos_embed[:, :-1], self.pos_grid, hw_shape, 'bicubic')
+        return self.learned_patch_pos_embed(hw_shape)
 
-    def prepare_tokens(self,
-                       x: torch.Tensor,
-                       patch_mask: Optional[torch.Tensor] = None,
-                       mask_token: Optional[torch.Tensor] = None
-                       ) -> Tuple[torch.Tensor, Tuple[int, int]]:
-        """Patchify, mask, add position embeddings and append the class token.
-
-        Args:
-            x: Images (B, C, H, W).
-            patch_mask: Optional (B, h * w) bool; True patches are replaced by the mask token
-                before the position embedding is added.
-            mask_token: (1, C) or (C,) token for masked patches; defaults to
-                ``self.mask_token``.
-
-        Returns:
-            Tokens (B, h * w + 1, C) with the class token last, and the (h, w) grid.
-        """
-        tokens, hw_shape = self.patch_embed(x)
-        b, n, _ = tokens.shape
-        if patch_mask is not None:
-            token = self.mask_token if mask_token is None else mask_token
-            if token is None:
-                raise ValueError('patch_mask given but the model has no mask token; build it '
-                                 'with with_mask_token=True or pass mask_token')
-            if tuple(patch_mask.shape) != (b, n):
-                raise ValueError(f'patch_mask must be (batch, h * w) = {(b, n)}, got '
-                                 f'{tuple(patch_mask.shape)}')
-            tokens = torch.where(patch_mask.unsqueeze(-1),
-                                 token.to(tokens.dtype).reshape(1, 1, -1), tokens)
+    def _embed_patches(self, tokens: torch.Tensor, hw_shape: Tuple[int, int]) -> torch.Tensor:
+        """Position embeddings, then ``[patches, cls]`` (class token LAST) and dropout."""
         tokens = tokens + self.patch_pos_embed(hw_shape).to(tokens.dtype)
-        cls = (self.cls_token + self.pos_embed[:, -1:]).to(tokens.dtype).expand(b, -1, -1)
-        return self.pos_drop(torch.cat([tokens, cls], dim=1)), hw_shape
-
-    def format_output(self, tokens: torch.Tensor, hw_shape: Tuple[int, int]) -> torch.Tensor:
-        """Turns (B, n + 1, C) tokens (class token last) into the configured ``out_type``."""
-        return format_tokens(tokens, self.out_type, -1, slice(None, -1), hw_shape)
-
-    def forward_tokens(self,
-                       x: torch.Tensor,
-                       patch_mask: Optional[torch.Tensor] = None,
-                       mask_token: Optional[torch.Tensor] = None
-                       ) -> Tuple[torch.Tensor, Tuple[int, int]]:
-        """Final normalised tokens (B, h * w + 1, C), class token last, and the grid."""
-        tokens, hw_shape = self.prepare_tokens(x, patch_mask, mask_token)
-        for blk in self.layers:
-            tokens = run_block(blk, tokens, with_cp=self.with_cp)
-        return self.norm_f(tokens), hw_shape
+        cls = self.cls_token + self.pos_embed[:, -1:]
+        cls = cls.to(tokens.dtype).expand(tokens.shape[0], -1, -1)
+        return self.pos_drop(torch.cat([tokens, cls], dim=1))
 
     def forward_stages(self,
                        x: torch.Tensor,
@@ -594,40 +402,3 @@ class Adventurer(nn.Module):
                 feats = self.norm_f(tokens) if normalize_stages else tokens
                 stages.append(feats[:, :-1])
         return StageFeatures(stages, self.norm_f(tokens), hw_shape)
-
-    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-        """Outputs of the blocks in ``out_indices``, formatted by ``out_type``."""
-        tokens, hw_shape = self.prepare_tokens(x)
-        outs = []
-        last = self.num_layers - 1
-        for i, blk in enumerate(self.layers):
-            tokens = run_block(blk, tokens, with_cp=self.with_cp)
-            if i in self.out_indices:
-                out = self.norm_f(tokens) if (i == last or self.norm_all_outputs) else tokens
-                outs.append(self.format_output(out, hw_shape))
-        return tuple(outs)
-
-    # ------------------------------------------------------------------ optimisation helpers
-    def get_layer_depth(self, param_name: str, prefix: str = '') -> Tuple[int, int]:
-        """Layer depth of a parameter for layer-wise learning-rate decay.
-
-        Embeddings and tokens are depth 0, block i is depth i + 1, everything after the
-        blocks (``norm_f``, heads) is ``num_layers + 1``.
-
-        Args:
-            param_name: Full parameter name.
-            prefix: Prefix of this backbone's parameters in ``param_name``
-                (e.g. ``'backbone.'``).
-
-        Returns:
-            (layer_depth, num_layers + 2).
-        """
-        total = self.num_layers + 2
-        if not param_name.startswith(prefix):
-            return total - 1, total
-        name = param_name[len(prefix):]
-        if name.split('.')[0] in ('cls_token', 'mask_token', 'pos_embed', 'patch_embed'):
-            return 0, total
-        if name.startswith('layers.'):
-            return int(name.split('.')[1]) + 1, total
-        return total - 1, total

@@ -17,23 +17,22 @@ resolution (512, 518, 1024, 512 x 1024) resample it per forward.  A side that is
 multiple of the patch size is zero-padded at the bottom / right (mmseg's ViT, ``padding=
 'corner'``): a 500 x 500 input at patch 16 gives a 32 x 32 grid, not a cropped 31 x 31.
 """
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
 
 from mmlinvit.layers.attention import ATTENTION_OPERATORS
-from mmlinvit.layers.pos_embed import infer_square_grid, resample_pos_grid, sincos_pos_embed_2d
+from mmlinvit.layers.pos_embed import sincos_pos_embed_2d
 from mmlinvit.layers.patch_embed import PatchEmbed, patch_grid
 from mmlinvit.layers.transformer import TransformerBlock
 from .arch_zoo import VIT_SIZES, family_defaults
-from .checkpointing import run_block
+from .base import TokenBackbone
 from .operator_setting import resolve_operator_setting
-from .outputs import check_out_type, format_tokens, resolve_out_indices
+from .outputs import check_out_type
 
 
-
-class VisionTransformer(nn.Module):
+class VisionTransformer(TokenBackbone):
     """Plain ViT backbone with a pluggable attention operator per layer.
 
     Args:
@@ -85,6 +84,15 @@ class VisionTransformer(nn.Module):
         with_cp: Activation checkpointing of the blocks while training with gradients
             (recompute in backward; see :mod:`.checkpointing`).
     """
+
+    BLOCKS = 'blocks'
+    FINAL_NORM = 'norm'
+    STEM = ('cls_token', 'reg_token', 'mask_token', 'pos_embed', 'patch_embed', 'pre_norm')
+    OPTIONAL_CHECKPOINT_KEYS = {
+        'mask_token': 'mask token (only replaces masked patches; timm DINOv2 checkpoints have '
+                      'none), initialised to zeros as in the DINOv2 code',
+    }
+    BUILD_OPTIONS = 'family / arch / num_reg_tokens / with_mask_token / attn_cfg'
 
     def __init__(self,
                  arch: Union[str, dict] = 'b',
@@ -216,10 +224,7 @@ class VisionTransformer(nn.Module):
         self.norm = (nn.LayerNorm(self.embed_dims, eps=pick(norm_eps, 'norm_eps'))
                      if final_norm else nn.Identity())
 
-        self.out_indices = resolve_out_indices(out_indices, self.num_layers)
-        self._init_parameters()
-        self._register_load_state_dict_pre_hook(self._adapt_pos_embed_on_load)
-        self._freeze_stages()
+        self._finish_init(out_indices)
 
     # ------------------------------------------------------------------ construction
     def _per_layer(self, attn_cfg) -> List[Union[str, dict]]:
@@ -253,89 +258,32 @@ class VisionTransformer(nn.Module):
         for blk in self.blocks:
             blk.attn.init_extra_parameters()
 
-    def init_weights(self) -> None:
-        """Loads ``pretrained`` (converted from its layout) if set; mmengine calls this.
+    # ------------------------------------------------------------------ token layout
+    @property
+    def pos_extra_rows(self) -> Tuple[int, int]:
+        """The class position comes first in ``pos_embed`` (when there is a class token)."""
+        return int(self.with_cls_token), 0
 
-        The conversion report is kept as ``self.load_report`` (and logged; parameters that
-        keep their init are logged at WARNING).
-        """
-        if self.pretrained:
-            from mmlinvit.converters import load_pretrained
-            self.load_report = load_pretrained(self, self.pretrained,
-                                               layout=self.checkpoint_layout)
+    @property
+    def token_layout(self) -> Tuple[int, slice]:
+        """Class token first, then register tokens, then the patches."""
+        return 0, slice(self.num_prefix_tokens, None)
 
-    def _freeze_stages(self) -> None:
-        if self.frozen_stages < 0:
-            return
-        for p in [self.cls_token, self.reg_token, self.mask_token, self.pos_embed]:
-            if p is not None:
-                p.requires_grad_(False)
-        for mod in [self.patch_embed, self.pre_norm] + list(self.blocks[:self.frozen_stages]):
-            mod.eval()
-            for p in mod.parameters():
-                p.requires_grad_(False)
-
-    def train(self, mode: bool = True) -> 'VisionTransformer':
-        super().train(mode)
-        self._freeze_stages()
-        return self
-
-    def _adapt_pos_embed_on_load(self, state_dict: Dict[str, torch.Tensor], prefix: str,
-                                 *args) -> None:
-        """Resamples a checkpoint's position grid to this model's grid at load time.
-
-        The parameter itself is never replaced (mmengine builds the optimizer and the DDP
-        wrapper before ``init_weights`` loads checkpoints), so a checkpoint learned on another
-        grid (DeiT at 224 into a 512 segmentation backbone) is resampled once, with this
-        family's interpolation, and then resampled per forward only for other input sizes.
-        """
-        key = prefix + 'pos_embed'
-        if self.pos_embed is None or key not in state_dict:
-            return
-        ckpt = state_dict[key]
-        if ckpt.shape == self.pos_embed.shape or ckpt.ndim != 3 or ckpt.shape[-1] != self.embed_dims:
-            return  # matching, or a mismatch load_state_dict reports with both shapes
-        start = int(self.with_cls_token)
-        src_grid = infer_square_grid(ckpt.shape[1] - start)
-        patches = resample_pos_grid(ckpt[:, start:], src_grid, self.pos_grid, self.pos_interp)
-        state_dict[key] = torch.cat([ckpt[:, :start], patches], dim=1)
+    def _block_args(self, hw_shape: Tuple[int, int]) -> tuple:
+        return hw_shape, self.num_prefix_tokens
 
     # ------------------------------------------------------------------ forward pieces
     def patch_pos_embed(self, hw_shape: Tuple[int, int], device, dtype) -> Optional[torch.Tensor]:
         """Patch position embeddings for a (h, w) grid, (1, h * w, C), or ``None``."""
         if self.pos_embed_type == 'learned':
-            start = int(self.with_cls_token)
-            return resample_pos_grid(self.pos_embed[:, start:], self.pos_grid, hw_shape,
-                                     self.pos_interp)
+            return self.learned_patch_pos_embed(hw_shape)
         if self.pos_embed_type == 'sincos':
             return sincos_pos_embed_2d(hw_shape, self.embed_dims, device=device, dtype=dtype)
         return None
 
-    def prepare_tokens(self,
-                       x: torch.Tensor,
-                       patch_mask: Optional[torch.Tensor] = None,
-                       mask_token: Optional[torch.Tensor] = None
-                       ) -> Tuple[torch.Tensor, Tuple[int, int]]:
-        """Patchify, mask, add position embeddings and prefix tokens.
-
-        Args:
-            x: Images (B, C, H, W).
-            patch_mask: Optional (B, h * w) bool; True patches are replaced by a mask token
-                (before position embeddings, as in DINOv2).
-            mask_token: Token used for masked patches; defaults to ``self.mask_token``.
-
-        Returns:
-            Tokens (B, prefix + h * w, C) and the (h, w) grid.
-        """
-        tokens, hw_shape = self.patch_embed(x)
+    def _embed_patches(self, tokens: torch.Tensor, hw_shape: Tuple[int, int]) -> torch.Tensor:
+        """Position embeddings, then ``[cls, registers, patches]``, dropout and ``pre_norm``."""
         b = tokens.shape[0]
-        if patch_mask is not None:
-            token = self.mask_token if mask_token is None else mask_token
-            if token is None:
-                raise ValueError('patch_mask given but the model has no mask token; build it '
-                                 'with with_mask_token=True or pass mask_token')
-            tokens = torch.where(patch_mask.unsqueeze(-1), token.to(tokens.dtype).view(1, 1, -1),
-                                 tokens)
         pos = self.patch_pos_embed(hw_shape, tokens.device, tokens.dtype)
         if pos is not None:
             tokens = tokens + pos
@@ -349,61 +297,7 @@ class VisionTransformer(nn.Module):
             prefix.append(self.reg_token.expand(b, -1, -1))
         if prefix:
             tokens = torch.cat(prefix + [tokens], dim=1)
-        return self.pre_norm(self.drop_after_pos(tokens)), hw_shape
-
-    def format_output(self, tokens: torch.Tensor, hw_shape: Tuple[int, int]) -> torch.Tensor:
-        """Turns (B, N, C) tokens into the configured ``out_type``."""
-        return format_tokens(tokens, self.out_type, 0, slice(self.num_prefix_tokens, None), hw_shape)
-
-    def forward_tokens(self, x: torch.Tensor,
-                       patch_mask: Optional[torch.Tensor] = None,
-                       mask_token: Optional[torch.Tensor] = None
-                       ) -> Tuple[torch.Tensor, Tuple[int, int]]:
-        """Final normalised tokens (B, N, C) of the whole stack, and the grid.
-
-        ``patch_mask`` / ``mask_token`` are passed to :meth:`prepare_tokens`.
-        """
-        tokens, hw_shape = self.prepare_tokens(x, patch_mask, mask_token)
-        for blk in self.blocks:
-            tokens = run_block(blk, tokens, hw_shape, self.num_prefix_tokens, with_cp=self.with_cp)
-        return self.norm(tokens), hw_shape
-
-    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-        """Outputs of the blocks in ``out_indices``, formatted by ``out_type``."""
-        tokens, hw_shape = self.prepare_tokens(x)
-        outs = []
-        last = self.num_layers - 1
-        for i, blk in enumerate(self.blocks):
-            tokens = run_block(blk, tokens, hw_shape, self.num_prefix_tokens, with_cp=self.with_cp)
-            if i in self.out_indices:
-                out = self.norm(tokens) if (i == last or self.norm_all_outputs) else tokens
-                outs.append(self.format_output(out, hw_shape))
-        return tuple(outs)
-
-    # ------------------------------------------------------------------ optimisation helpers
-    def get_layer_depth(self, param_name: str, prefix: str = '') -> Tuple[int, int]:
-        """Layer depth of a parameter for layer-wise learning-rate decay.
-
-        Embeddings and tokens are depth 0, block i is depth i + 1, everything after the
-        blocks (final norm, heads) is ``num_layers + 1``.
-
-        Args:
-            param_name: Full parameter name.
-            prefix: Prefix of this backbone's parameters in ``param_name`` (e.g. ``'backbone.'``).
-
-        Returns:
-            (layer_depth, num_layers + 2).
-        """
-        total = self.num_layers + 2
-        if not param_name.startswith(prefix):
-            return total - 1, total
-        name = param_name[len(prefix):]
-        if name.split('.')[0] in ('cls_token', 'reg_token', 'mask_token', 'pos_embed',
-                                  'patch_embed', 'pre_norm'):
-            return 0, total
-        if name.startswith('blocks.'):
-            return int(name.split('.')[1]) + 1, total
-        return total - 1, total
+        return self.pre_norm(self.drop_after_pos(tokens))
 
 
 class LinearVisionTransformer(VisionTransformer):

@@ -1,10 +1,11 @@
-"""Converters from official checkpoint layouts to mmlinvit's canonical ViT layout.
+"""Converters from official checkpoint layouts to the canonical layouts of the backbones.
 
-The canonical layout is the one of :class:`mmlinvit.backbones.VisionTransformer` (timm names):
-``cls_token``, ``reg_token``, ``mask_token`` (1, C), ``pos_embed`` (class position first when
-the model has a class token, never register positions), ``patch_embed.proj``, ``pre_norm``,
-``blocks.i.{norm1, attn.qkv, attn.proj, ls1.gamma, norm2, mlp.fc1, mlp.fc2, ls2.gamma}``,
-``norm``.
+The canonical ViT layout is the one of :class:`mmlinvit.backbones.VisionTransformer` (timm
+names): ``cls_token``, ``reg_token``, ``mask_token`` (1, C), ``pos_embed`` (class position
+first when the model has a class token, never register positions), ``patch_embed.proj``,
+``pre_norm``, ``blocks.i.{norm1, attn.qkv, attn.proj, ls1.gamma, norm2, mlp.fc1, mlp.fc2,
+ls2.gamma}``, ``norm``.  :class:`mmlinvit.backbones.Adventurer` keeps the names of the public
+Adventurer code (layout ``'adventurer'``).
 
 Each converter takes a flat ``{name: tensor}`` dict and returns the canonical dict plus a
 :class:`~.report.ConversionReport`.  Every value change is exact (a zero class position, a
@@ -16,7 +17,7 @@ report lists them.
 """
 import math
 import re
-from typing import Dict, List, Mapping, Optional, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
@@ -29,11 +30,19 @@ ConversionResult = Tuple[StateDict, ConversionReport]
 #: Registered layout converters: name -> function(state_dict, **options).
 CHECKPOINT_LAYOUTS = NameRegistry('checkpoint layout')
 
-#: Wrapper prefixes selected before detection, in order of preference: the first one that
-#: some key carries selects the keys under it; the others are dropped and reported.
-#: ``student.backbone.`` / ``student.``: checkpoints of mmlinvit.DistillationModel (task-model /
-#: bare-backbone student; the teacher is never saved there).
+#: The one table of wrapper prefixes under which checkpoints hold a backbone, selected before
+#: detection (every backbone's ``pretrained``, :func:`mmlinvit.converters.convert_state_dict`,
+#: ``tools/model_converters/export_student.py``), in order of preference: the first one that
+#: some key carries selects the keys under it; the others are dropped and reported.  A DDP
+#: ``module.`` on every key is stripped first.  ``student.backbone.`` / ``student.``:
+#: checkpoints of mmlinvit.DistillationModel (task-model / bare-backbone student, e.g. the
+#: ViT-Linearizer Adventurer; the teacher is never saved there); ``backbone.``: mmpretrain /
+#: mmseg task models.
 BACKBONE_PREFIXES = ('teacher.backbone.', 'student.backbone.', 'backbone.', 'student.')
+#: The prefixes of :data:`BACKBONE_PREFIXES` that hold a distillation student.
+STUDENT_PREFIXES = tuple(p for p in BACKBONE_PREFIXES if p.startswith('student.'))
+#: Keys only Adventurer blocks have (Mamba-2 mixer, SwiGLU norm).
+ADVENTURER_BLOCK_KEY = re.compile(r'^layers\.\d+\.(mixer|norm_mlp)\.')
 
 
 def _is_square(n: int) -> bool:
@@ -50,22 +59,26 @@ def _rename(out: StateDict, report: ConversionReport, src: str, dst: str,
         report.renamed[src] = dst
 
 
-def select_backbone(state_dict: Mapping[str, torch.Tensor]) -> ConversionResult:
+def select_backbone(state_dict: Mapping[str, torch.Tensor],
+                    prefixes: Sequence[str] = BACKBONE_PREFIXES) -> ConversionResult:
     """Strips DDP ``module.`` and keeps the keys under a backbone prefix.
 
     Args:
         state_dict: Flat checkpoint dict.
+        prefixes: The prefixes to look for, in order of preference (a subset of
+            :data:`BACKBONE_PREFIXES`, e.g. :data:`STUDENT_PREFIXES`).
 
     Returns:
-        The backbone's keys without the prefix, and a report (layout ``'prefix'``) listing
-        the keys left out (heads, necks, DINO heads, data preprocessors...).
+        The backbone's keys without the prefix, and a report (layout ``'prefix'``) naming the
+        prefix used (``report.prefix``, ``''`` when no key carries one) and listing the keys
+        left out (heads, necks, DINO heads, connectors, data preprocessors...).
     """
     report = ConversionReport(source_layout='prefix')
     sd = dict(state_dict)
     if sd and all(k.startswith('module.') for k in sd):
         sd = {k[len('module.'):]: v for k, v in sd.items()}
         report.notes.append("stripped the 'module.' prefix of every key")
-    for prefix in BACKBONE_PREFIXES:
+    for prefix in prefixes:
         if any(k.startswith(prefix) for k in sd):
             out = {}
             for k, v in sd.items():
@@ -73,7 +86,7 @@ def select_backbone(state_dict: Mapping[str, torch.Tensor]) -> ConversionResult:
                     out[k[len(prefix):]] = v
                 else:
                     report.drop(k, f'outside {prefix!r}')
-            report.notes.append(f'kept the keys under {prefix!r}')
+            report.prefix = prefix
             return out, report
     return sd, report
 
@@ -85,7 +98,7 @@ def detect_layout(state_dict: Mapping[str, torch.Tensor]) -> str:
         state_dict: Flat checkpoint dict, after :func:`select_backbone`.
 
     Returns:
-        ``'openai_clip'``, ``'mmpretrain'``, ``'dinov2'`` or ``'timm'``.
+        ``'openai_clip'``, ``'adventurer'``, ``'mmpretrain'``, ``'dinov2'`` or ``'timm'``.
 
     Raises:
         ValueError: when no layout matches; the message shows some of the keys.
@@ -93,6 +106,8 @@ def detect_layout(state_dict: Mapping[str, torch.Tensor]) -> str:
     keys = list(state_dict)
     if any(k.endswith('class_embedding') or 'transformer.resblocks.' in k for k in keys):
         return 'openai_clip'
+    if 'norm_f.weight' in state_dict or any(ADVENTURER_BLOCK_KEY.match(k) for k in keys):
+        return 'adventurer'
     if ('patch_embed.projection.weight' in state_dict
             or any(re.match(r'layers\.\d+\.(ln1|attn\.qkv)\.', k) for k in keys)):
         return 'mmpretrain'
@@ -364,6 +379,31 @@ def convert_mmpretrain(state_dict: Mapping[str, torch.Tensor]) -> ConversionResu
                         break
                 new = f'blocks.{match.group(1)}.{rest}'
         _rename(out, report, key, new, value)
+    return out, report
+
+
+@CHECKPOINT_LAYOUTS.register_module('adventurer')
+def convert_adventurer(state_dict: Mapping[str, torch.Tensor]) -> ConversionResult:
+    """Public Adventurer code (wangf3014/Adventurer ``models_mamba.py``) -> :class:`Adventurer`.
+
+    The backbone keeps the public names (``patch_embed.proj``, ``cls_token``, ``pos_embed``
+    with the class position last, ``layers.i.{norm, mixer.*, norm_mlp, mlp.w1, mlp.w2,
+    mlp.w3}``, ``norm_f``; ``mask_token`` of masked distillation), so only the ImageNet
+    classifier ``head.*`` is dropped (reported).
+
+    Args:
+        state_dict: Flat Adventurer state dict (wrapper prefixes already stripped).
+
+    Returns:
+        The state dict and report.
+    """
+    report = ConversionReport(source_layout='adventurer')
+    out: StateDict = {}
+    for key, value in state_dict.items():
+        if key.startswith('head.'):
+            report.drop(key, 'classifier head')
+            continue
+        out[key] = value
     return out, report
 
 

@@ -1,33 +1,48 @@
 """Reading checkpoint files safely, converting them, and loading them all-or-nothing."""
 import importlib.util
 import inspect
+import logging
 import os
 import pickle
 import re
-from typing import Any, List, Mapping, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import torch
 import torch.nn as nn
 
-from .layouts import (CHECKPOINT_LAYOUTS, ConversionResult, StateDict, detect_layout,
-                      select_backbone)
+from mmlinvit.backbones.base import TokenBackbone
+from mmlinvit.layers.pos_embed import infer_square_grid
+from .checkpoint_file import CheckpointFileError, checkpoint_file_problem
+from .layouts import (ADVENTURER_BLOCK_KEY, CHECKPOINT_LAYOUTS, ConversionResult, StateDict,
+                      detect_layout, select_backbone)
 from .report import ConversionReport, summarise_keys
 
 #: Keys under which training frameworks nest the weights, unwrapped in this order.
 WRAPPER_KEYS = ('state_dict', 'model', 'module', 'teacher')
 
-#: Attention-operator parameters beyond ``qkv`` / ``proj`` (feature maps, block mixing, TTT
-#: inner models...): no softmax checkpoint has them, so their absence is never an error; they
-#: keep the operator's documented init and are listed in ``report.missing``.
-OPERATOR_EXTRA_KEY = re.compile(r'^blocks\.\d+\.attn\.(?!qkv\.|proj\.)')
+logger = logging.getLogger(__name__)
+
+#: Attention-operator parameters without a softmax counterpart: everything an operator owns
+#: under ``blocks.<i>.attn.`` besides the softmax ``qkv`` / ``proj`` every operator shares
+#: (Hedgehog feature maps, MHLA block mixing and local conv, TTT inner weights and positional
+#: conv, ...).  Group 1 is the block index.  A softmax checkpoint has none of them, so from
+#: such a block they keep the operator's documented init (and are reported); a checkpoint
+#: block that carries operator parameters must carry all of the model's (see
+#: :func:`initialisable_missing_keys`).
+OPERATOR_EXTRA_KEY = re.compile(r'^blocks\.(\d+)\.attn\.(?!qkv\.|proj\.)')
+
 
 
 class CheckpointMismatchError(ValueError):
     """A checkpoint does not fit a model; raised before anything is loaded."""
 
 
-class UntrustedCheckpointError(RuntimeError):
-    """A checkpoint holds pickled objects that ``weights_only=True`` refuses to build."""
+class UntrustedCheckpointError(RuntimeError, TypeError):
+    """A checkpoint holds pickled objects that ``weights_only=True`` refuses to build.
+
+    Also a ``TypeError`` (the file holds other types than tensors), which is what
+    ``Adventurer.init_weights`` raised before it read checkpoints through this module.
+    """
 
 
 def _unwrap(obj: Any, source: str) -> Tuple[StateDict, List[str]]:
@@ -71,11 +86,16 @@ def load_checkpoint_file(path: str, trust_checkpoint: bool = False) -> StateDict
 
     Raises:
         FileNotFoundError: when ``path`` does not exist.
+        CheckpointFileError: when the file is empty, truncated or not a checkpoint, naming
+            the cause (:mod:`mmlinvit.converters.checkpoint_file`).
         UntrustedCheckpointError: when the file needs a full unpickle and
             ``trust_checkpoint`` is False.
     """
     if not os.path.isfile(path):
         raise FileNotFoundError(f'Checkpoint file {path!r} does not exist')
+    problem = checkpoint_file_problem(path)  # truncated / empty / not a checkpoint at all
+    if problem is not None:
+        raise CheckpointFileError(f'Checkpoint {path!r} {problem}')
     if path.endswith('.safetensors'):
         if importlib.util.find_spec('safetensors') is None:
             raise ImportError(f'Reading {path!r} needs the safetensors package: '
@@ -89,10 +109,13 @@ def load_checkpoint_file(path: str, trust_checkpoint: bool = False) -> StateDict
             found = re.search(r'Unsupported global: GLOBAL ([\w.]+)', str(err))
             what = f' ({found.group(1)})' if found else ''
             raise UntrustedCheckpointError(
-                f'{path!r} holds Python objects besides tensors{what}, so the safe '
+                f'{path!r} holds Python objects besides tensors{what} (an mmengine runner '
+                f'checkpoint with its training state?), so the safe '
                 f'torch.load(weights_only=True) refuses it. If you trust the file, pass '
                 f'trust_checkpoint=True (CLI: --trust-checkpoint), or re-save only its '
-                f'weights.') from err
+                f'weights: the student of a distillation run with '
+                f'tools/model_converters/export_student.py CKPT OUT --trust-checkpoint (or use '
+                f'the student_backbone.pth written by mmlinvit.ExportStudentHook).') from err
         obj = torch.load(path, map_location='cpu', weights_only=False)
     state_dict, _ = _unwrap(obj, repr(path))
     return state_dict
@@ -100,14 +123,15 @@ def load_checkpoint_file(path: str, trust_checkpoint: bool = False) -> StateDict
 
 def convert_state_dict(state_dict: Mapping[str, Any], layout: str = 'auto',
                        **options: Any) -> ConversionResult:
-    """Converts a checkpoint dict into the canonical ViT layout.
+    """Converts a checkpoint dict into the canonical layout of a backbone.
 
     Args:
         state_dict: Flat or wrapped (``state_dict`` / ``model`` / ...) checkpoint dict.
-            ``module.`` is stripped and a ``backbone.`` (or ``teacher.backbone.``) prefix
+            ``module.`` is stripped and the first prefix of
+            :data:`~.layouts.BACKBONE_PREFIXES` that occurs (``backbone.``, ``student.``...)
             selects the backbone's keys.
         layout: ``'auto'`` or a name in ``CHECKPOINT_LAYOUTS`` (``'dinov2'``, ``'timm'``,
-            ``'openai_clip'``, ``'mmpretrain'``).
+            ``'openai_clip'``, ``'mmpretrain'``, ``'adventurer'``).
         **options: Options of that layout's converter (``keep_projection`` for
             ``openai_clip``, ``no_embed_class`` for ``timm``).
 
@@ -126,6 +150,7 @@ def convert_state_dict(state_dict: Mapping[str, Any], layout: str = 'auto',
         raise TypeError(f'Layout {layout!r} takes no option(s) {unknown}; it accepts '
                         f'{accepted or "none"}')
     converted, report = converter(flat, **options)
+    report.prefix = prefix_report.prefix
     report.dropped = {**prefix_report.dropped, **report.dropped}
     report.notes = notes + prefix_report.notes + report.notes
     return converted, report
@@ -139,35 +164,75 @@ def _checkpoint_summary(sd: Mapping[str, torch.Tensor]) -> str:
         facts.append(f'embed_dims={weight.shape[0]}')
         if weight.ndim == 4:
             facts.append(f'patch_size={weight.shape[-1]}')
-    depth = {int(k.split('.')[1]) for k in sd if k.startswith('blocks.') and
+    adventurer = 'norm_f.weight' in sd or any(ADVENTURER_BLOCK_KEY.match(k) for k in sd)
+    blocks = 'layers.' if adventurer else 'blocks.'
+    depth = {int(k.split('.')[1]) for k in sd if k.startswith(blocks) and
              k.split('.')[1].isdigit()}
     if depth:
         facts.append(f'num_layers={max(depth) + 1}')
+    if 'layers.0.mlp.w1.weight' in sd:
+        facts.append(f'mlp_hidden_dims={sd["layers.0.mlp.w1.weight"].shape[0]}')
     fc1, fc2 = sd.get('blocks.0.mlp.fc1.weight'), sd.get('blocks.0.mlp.fc2.weight')
     if fc1 is not None and fc2 is not None:
         if fc1.shape[0] == 2 * fc2.shape[-1]:
             facts.append(f"mlp_type='swiglu', mlp_hidden_dims={fc2.shape[-1]}")
         else:
             facts.append(f'mlp_hidden_dims={fc1.shape[0]}')
-    facts.append(f'layer_scale={"blocks.0.ls1.gamma" in sd}')
+    if not adventurer:
+        facts.append(f'layer_scale={"blocks.0.ls1.gamma" in sd}')
     facts.append(f'class_token={"cls_token" in sd}')
     if 'reg_token' in sd:
         facts.append(f'num_reg_tokens={sd["reg_token"].shape[1]}')
     facts.append(f'mask_token={"mask_token" in sd}')
-    facts.append(f'pre_norm={"pre_norm.weight" in sd}')
+    if not adventurer:
+        facts.append(f'pre_norm={"pre_norm.weight" in sd}')
     facts.append(f'patch_bias={"patch_embed.proj.bias" in sd}')
     return ', '.join(facts)
 
 
-def _pos_embed_fits(model: nn.Module, ckpt: torch.Tensor, own: torch.Tensor) -> bool:
-    """Whether a checkpoint pos_embed loads (same width, prefix rows + a square grid)."""
-    if ckpt.shape == own.shape:
-        return True
-    prefix = int(getattr(model, 'with_cls_token', False))
-    if ckpt.ndim != 3 or ckpt.shape[0] != 1 or ckpt.shape[-1] != own.shape[-1]:
-        return False
-    n = ckpt.shape[1] - prefix
-    return n > 0 and int(n**0.5 + 0.5)**2 == n
+def _optional_keys(model: nn.Module) -> Mapping[str, str]:
+    """Model keys a checkpoint may lack (a backbone's ``OPTIONAL_CHECKPOINT_KEYS``)."""
+    return model.OPTIONAL_CHECKPOINT_KEYS if isinstance(model, TokenBackbone) else {}
+
+
+def initialisable_missing_keys(missing: List[str],
+                               state_dict: Mapping[str, torch.Tensor],
+                               optional: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+    """The missing model keys that may keep their init, each with the reason.
+
+    * Keys in ``optional`` (the backbone's ``OPTIONAL_CHECKPOINT_KEYS``): the ViT's
+      ``mask_token``, which timm's DINOv2 layouts lack (Adventurer declares none: its
+      checkpoints must match ``with_mask_token``).
+    * Attention-operator parameters (:data:`OPERATOR_EXTRA_KEY`) of block ``i`` when the
+      checkpoint has no operator parameters in block ``i``: it comes from softmax attention (or
+      a parameter-free operator), whose ``qkv`` / ``proj`` the operator starts from.  When
+      block ``i`` of the checkpoint does carry operator parameters, it was saved from a
+      linearized operator, and a missing one is an error, not an initialisation.
+
+    Args:
+        missing: Model keys the (canonical) checkpoint lacks.
+        state_dict: The canonical checkpoint.
+        optional: Model keys that may be missing, with the reason (default: none).
+
+    Returns:
+        Missing key -> why it may keep its init; keys not in it are errors.
+    """
+    optional = optional or {}
+    blocks_with_extras = set()
+    for key in state_dict:
+        match = OPERATOR_EXTRA_KEY.match(key)
+        if match:
+            blocks_with_extras.add(match.group(1))
+    allowed = {}
+    for key in missing:
+        match = OPERATOR_EXTRA_KEY.match(key)
+        if key in optional:
+            allowed[key] = optional[key]
+        elif match and match.group(1) not in blocks_with_extras:
+            allowed[key] = ('attention-operator parameter without a softmax counterpart (the '
+                            'checkpoint block has no operator parameters), kept at the '
+                            "operator's init")
+    return allowed
 
 
 def check_state_dict_fits(model: nn.Module,
@@ -176,8 +241,10 @@ def check_state_dict_fits(model: nn.Module,
                           source: str = 'checkpoint') -> Tuple[List[str], List[str]]:
     """Compares keys and shapes; raises one error naming every disagreement.
 
-    A ``pos_embed`` with another (square) grid fits: the backbone adopts the checkpoint grid.
-    Missing attention-operator extras (:data:`OPERATOR_EXTRA_KEY`) are never errors.
+    A ``pos_embed`` with another (square) grid fits a backbone: it is resampled to the model
+    grid.  Missing keys that :func:`initialisable_missing_keys` allows (a mask token, the operator
+    parameters of a block that comes from softmax attention) are never errors; operator
+    parameters missing from a checkpoint block that has other operator parameters are.
 
     Args:
         model: The model to load into.
@@ -199,34 +266,74 @@ def check_state_dict_fits(model: nn.Module,
         if key not in expected:
             continue
         own = expected[key]
-        if key == 'pos_embed' and _pos_embed_fits(model, value, own):
+        if (key == 'pos_embed' and isinstance(model, TokenBackbone)
+                and model.pos_embed_loads(value)):
             continue
         if tuple(value.shape) != tuple(own.shape):
             mismatched.append(f'{key}: checkpoint {tuple(value.shape)} vs model '
                               f'{tuple(own.shape)}')
-    hard_missing = [k for k in missing if not OPERATOR_EXTRA_KEY.match(k)]
+    allowed = initialisable_missing_keys(missing, state_dict, _optional_keys(model))
+    hard_missing = [k for k in missing if k not in allowed]
     if not mismatched and (not strict or not (hard_missing or unexpected)):
         return missing, unexpected
-    lines = [f'{source} does not fit {type(model).__name__}'
-             f'(family={getattr(model, "family", "?")!r}, arch={getattr(model, "arch", "?")!r}, '
-             f'embed_dims={getattr(model, "embed_dims", "?")}, '
-             f'num_layers={getattr(model, "num_layers", "?")}); nothing was loaded.']
+    described = ', '.join(f'{name}={getattr(model, name)!r}'
+                          for name in ('family', 'arch', 'embed_dims', 'num_layers')
+                          if hasattr(model, name))
+    lines = [f'{source} does not fit {type(model).__name__}({described}); nothing was loaded.']
     if mismatched:
         lines.append(f'shape mismatches ({len(mismatched)}):')
         lines.extend(f'  {m}' for m in mismatched[:40])
         if len(mismatched) > 40:
             lines.append(f'  ... and {len(mismatched) - 40} more')
+    operator_missing = [k for k in hard_missing if OPERATOR_EXTRA_KEY.match(k)]
     if strict and hard_missing:
         lines.append(f'missing keys ({len(hard_missing)}): '
                      f'{", ".join(summarise_keys(hard_missing))}')
+    if strict and 'mask_token' in hard_missing:
+        lines.append('  the checkpoint has no mask_token: build the model with '
+                     'with_mask_token=False')
+    if strict and operator_missing:
+        present = [k for k in state_dict if OPERATOR_EXTRA_KEY.match(k)]
+        lines.append(f'  {len(operator_missing)} of them are attention-operator parameters '
+                     f'missing from checkpoint blocks that carry other operator parameters '
+                     f'({", ".join(summarise_keys(present, limit=6))}): the checkpoint was '
+                     f'saved from a linearized operator, so they would be silently '
+                     f're-initialised. Build the model with the checkpoint\'s attn_cfg '
+                     f'(operator and its options), or load with strict=False to initialise '
+                     f'them.')
     if strict and unexpected:
         lines.append(f'unexpected keys ({len(unexpected)}): '
                      f'{", ".join(summarise_keys(unexpected))}')
     lines.append(f'the checkpoint looks like: {_checkpoint_summary(state_dict)}')
-    lines.append('fix: build the model with the matching family / arch / num_reg_tokens / '
-                 'with_mask_token, pick the right layout=, or load with strict=False to '
-                 'skip missing and unexpected keys')
+    options = model.BUILD_OPTIONS if isinstance(model, TokenBackbone) else 'arch'
+    lines.append(f'fix: build the model with the matching {options}, pick the right layout=, '
+                 f'or load with strict=False to skip missing and unexpected keys')
     raise CheckpointMismatchError('\n'.join(lines))
+
+
+def _pos_interp_note(model: nn.Module) -> str:
+    """Which position-grid resampling the model uses, and where the choice came from."""
+    mode = getattr(model, 'pos_interp', None)
+    if mode is None or getattr(model, 'pos_embed', None) is None:
+        return ''
+    source = getattr(model, 'pos_interp_source', 'unknown origin')
+    return (f'position grids are resampled with pos_interp={mode!r} ({source}; grid '
+            f'{getattr(model, "pos_grid", "?")})')
+
+
+def _fit_pos_grid(model: nn.Module, state_dict: Dict[str, torch.Tensor],
+                  report: ConversionReport) -> None:
+    """Resamples a checkpoint position grid of another size to a backbone's grid, in place of
+    the parameter (which is kept: runners build the optimizer before loading)."""
+    pos = state_dict.get('pos_embed')
+    if (not isinstance(model, TokenBackbone) or pos is None or model.pos_embed is None
+            or pos.shape == model.pos_embed.shape):
+        return
+    src = infer_square_grid(model.patch_rows(pos).shape[1])
+    state_dict['pos_embed'] = model.resample_pos_embed(pos)
+    dst = model.pos_grid
+    report.notes.append(f'pos_embed resampled ({model.pos_interp}) from a {src[0]}x{src[1]} '
+                        f'grid to the model grid {dst[0]}x{dst[1]}')
 
 
 def load_pretrained(model: nn.Module,
@@ -235,25 +342,32 @@ def load_pretrained(model: nn.Module,
                     strict: bool = True,
                     trust_checkpoint: bool = False,
                     **options: Any) -> ConversionReport:
-    """Converts a checkpoint and loads it into a VisionTransformer, all or nothing.
+    """Converts a checkpoint and loads it into a backbone, all or nothing.
 
     Keys and shapes are compared first; any disagreement raises one
-    :class:`CheckpointMismatchError` and leaves the model untouched.
+    :class:`CheckpointMismatchError` and leaves the model untouched.  The keys a backbone
+    drops (``surplus_checkpoint_keys``: an Adventurer built without a mask token) are
+    reported as dropped; a position grid of another size is resampled to the model grid.
 
     Args:
-        model: An :class:`mmlinvit.backbones.VisionTransformer` (or any module in the
-            canonical layout).
+        model: A :class:`mmlinvit.backbones.VisionTransformer` or
+            :class:`mmlinvit.backbones.Adventurer` (or any module in a canonical layout).
         checkpoint: Checkpoint file path or an in-memory (possibly wrapped) state dict.
         layout: Source layout, ``'auto'`` to detect it.
         strict: Whether missing / unexpected keys are errors; if False they are skipped and
-            listed in the report.  Shape disagreements are always errors; missing
-            attention-operator extras (e.g. a student's feature maps) never are.
+            listed in the report.  Shape disagreements are always errors.  Missing keys that
+            :func:`initialisable_missing_keys` allows never are (a mask token; the operator
+            parameters of a block that comes from softmax attention): they keep their init
+            and are listed in ``report.initialised``.
         trust_checkpoint: Allow a full unpickle of files that need it (see
             :func:`load_checkpoint_file`).
         **options: Layout converter options (see :func:`convert_state_dict`).
 
     Returns:
-        The conversion report, with ``loaded``, ``missing`` and ``unexpected`` filled in.
+        The conversion report, with ``loaded``, ``missing``, ``initialised`` and
+        ``unexpected`` filled in.  The report is logged (``logging``, logger
+        ``mmlinvit.converters.loading``) at INFO; parameters that keep their init and ignored
+        tensors are logged at WARNING, so they show at default verbosity.
     """
     if isinstance(checkpoint, str):
         source = repr(checkpoint)
@@ -262,13 +376,33 @@ def load_pretrained(model: nn.Module,
         source = 'the checkpoint dict'
         raw = checkpoint
     converted, report = convert_state_dict(raw, layout=layout, **options)
+    if isinstance(model, TokenBackbone):
+        for key, reason in model.surplus_checkpoint_keys().items():
+            if key in converted:
+                del converted[key]
+                report.drop(report.prefix + key, reason)
     missing, unexpected = check_state_dict_fits(
         model, converted, strict=strict,
         source=f'{source} (read as layout {report.source_layout!r})')
     loadable = {k: v for k, v in converted.items() if k not in unexpected}
-    # Everything was checked above; strict=False only lets operator extras stay at init.
+    _fit_pos_grid(model, loadable, report)
+    # Everything was checked above; strict=False only lets the allowed keys stay at init.
     model.load_state_dict(loadable, strict=False)
     report.loaded = len(loadable)
     report.missing = missing
     report.unexpected = unexpected
+    report.initialised = initialisable_missing_keys(missing, converted, _optional_keys(model))
+    note = _pos_interp_note(model)
+    if note:
+        report.notes.append(note)
+    logger.info('Loaded %s into %s:\n%s', source, type(model).__name__, report.format())
+    if missing:
+        # Visible at default verbosity (WARNING): parameters that did not come from the file.
+        logger.warning('%s: %d parameter(s) of %s are not in the checkpoint and keep their '
+                       'init: %s', source, len(missing), type(model).__name__,
+                       '; '.join(report.describe_initialised()))
+    if unexpected:
+        logger.warning('%s: %d checkpoint tensor(s) have no place in %s and were ignored '
+                       '(strict=False): %s', source, len(unexpected), type(model).__name__,
+                       ', '.join(summarise_keys(unexpected)))
     return report

@@ -50,6 +50,8 @@ class ConversionReport:
 
     Attributes:
         source_layout: Layout the checkpoint was read as (``'dinov2'``, ``'timm'``...).
+        prefix: The wrapper prefix whose keys were kept (``'backbone.'``, ``'student.'``...;
+            ``''``: none, a plain backbone file).
         renamed: Source key -> canonical key, for keys whose name changed.
         dropped: Source key -> reason, for keys not carried into the canonical state dict.
         notes: Value changes and other facts worth knowing (e.g. a zero class position).
@@ -62,6 +64,7 @@ class ConversionReport:
     """
 
     source_layout: str
+    prefix: str = ''
     renamed: Dict[str, str] = field(default_factory=dict)
     dropped: Dict[str, str] = field(default_factory=dict)
     notes: List[str] = field(default_factory=list)
@@ -79,6 +82,7 @@ class ConversionReport:
         """Plain-data form (strings, lists, dicts) that ``torch.load(weights_only=True)`` reads."""
         return dict(
             source_layout=self.source_layout,
+            prefix=self.prefix,
             renamed=dict(self.renamed),
             dropped=dict(self.dropped),
             notes=list(self.notes),
@@ -101,8 +105,10 @@ class ConversionReport:
 
     def format(self) -> str:
         """Human-readable summary, one fact a line."""
-        lines = [f'source layout: {self.source_layout}',
-                 f'renamed keys: {len(self.renamed)}']
+        lines = [f'source layout: {self.source_layout}']
+        if self.prefix:
+            lines.append(f'keys under {self.prefix!r}')
+        lines.append(f'renamed keys: {len(self.renamed)}')
         if self.dropped:
             by_reason: Dict[str, List[str]] = {}
             for key, reason in self.dropped.items():
@@ -121,6 +127,10 @@ class ConversionReport:
         if self.unexpected:
             lines.append(f'unexpected (ignored): {", ".join(summarise_keys(self.unexpected))}')
         return '\n'.join(lines)
+
+    def summary(self) -> str:
+        """:meth:`format` on one line (facts separated by ``'; '``), for log lines."""
+        return '; '.join(line.strip() for line in self.format().splitlines())
 
     def __str__(self) -> str:
         return self.format()

@@ -194,7 +194,7 @@ def test_wrappers_and_prefixes_unwrap_to_the_same_weights():
 
 
 def test_unknown_layouts_and_options_are_named():
-    with pytest.raises(KeyError, match='Registered checkpoint layouts: dinov2, mmpretrain'):
+    with pytest.raises(KeyError, match='Registered checkpoint layouts: adventurer, dinov2, mmpretrain'):
         convert_state_dict(dinov2_hub_checkpoint(), layout='deit')
     with pytest.raises(ValueError, match='Cannot detect the layout'):
         detect_layout({'foo.weight': torch.zeros(1)})

@@ -20,15 +20,16 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from mmlinvit.converters import UntrustedCheckpointError, load_checkpoint_file
-
-#: Prefixes of the student backbone in DistillationModel checkpoints, in order of preference.
-STUDENT_PREFIXES = ('student.backbone.', 'student.')
+from mmlinvit.converters import (STUDENT_PREFIXES, UntrustedCheckpointError,
+                                 load_checkpoint_file, select_backbone)
 
 
 def select_student_backbone(
         state_dict: Dict[str, torch.Tensor]) -> Tuple[Dict[str, torch.Tensor], str, List[str]]:
     """Keeps the student backbone's keys of a distillation checkpoint.
+
+    The student prefixes (``mmlinvit.converters.STUDENT_PREFIXES``) come from the one prefix
+    table that backbones use to read ``pretrained`` files.
 
     Args:
         state_dict: Flat checkpoint state dict (``module.`` already stripped or not).
@@ -39,13 +40,9 @@ def select_student_backbone(
     Raises:
         KeyError: when no key carries a student prefix.
     """
-    if state_dict and all(k.startswith('module.') for k in state_dict):
-        state_dict = {k[len('module.'):]: v for k, v in state_dict.items()}
-    for prefix in STUDENT_PREFIXES:
-        if any(k.startswith(prefix) for k in state_dict):
-            kept = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
-            dropped = sorted(k for k in state_dict if not k.startswith(prefix))
-            return kept, prefix, dropped
+    kept, report = select_backbone(state_dict, STUDENT_PREFIXES)
+    if report.prefix:
+        return kept, report.prefix, sorted(report.dropped)
     raise KeyError(f'No key starts with {STUDENT_PREFIXES}: this is not a '
                    f'mmlinvit.DistillationModel checkpoint (first keys: '
                    f'{sorted(state_dict)[:8]}); a plain backbone file needs no export')

@@ -1,0 +1,301 @@
+"""Plumbing shared by the ViT and Adventurer backbones (torch only).
+
+Both backbones are a stem (patch embedding, tokens, a learned or fixed position embedding), a
+list of blocks and a final norm.  :class:`TokenBackbone` holds everything that does not
+depend on what a block computes:
+
+* ``frozen_stages`` (:meth:`TokenBackbone._freeze_stages`, re-applied by :meth:`train`);
+* the forward loop over the blocks with ``out_indices`` / ``out_type`` / ``norm_all_outputs``
+  and activation checkpointing (``with_cp``, :mod:`.checkpointing`), and
+  :meth:`~TokenBackbone.forward_tokens`;
+* position-embedding rows and grids: resampling a checkpoint grid to the model grid
+  (:meth:`~TokenBackbone.resample_pos_embed`), applied by a ``load_state_dict`` pre-hook;
+* ``init_weights`` (``pretrained`` through :func:`mmlinvit.converters.load_pretrained`) and
+  ``get_layer_depth`` (layer-wise learning-rate decay).
+
+A subclass names its parts with the class attributes below and implements
+:meth:`prepare_tokens` and :meth:`_block_args`.
+"""
+from typing import Dict, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn as nn
+
+from mmlinvit.layers.pos_embed import infer_square_grid, resample_pos_grid
+from .checkpointing import run_block
+from .outputs import format_tokens, resolve_out_indices
+
+
+class TokenBackbone(nn.Module):
+    """Base of the token backbones: freezing, forward loop, position grids, loading, depths.
+
+    Subclasses set, in ``__init__``, ``embed_dims``, ``num_layers``, ``pos_grid``,
+    ``pos_embed`` and ``mask_token`` (parameters or ``None``), ``pos_interp``, ``out_type``,
+    ``norm_all_outputs``, ``frozen_stages``, ``pretrained``, ``checkpoint_layout``,
+    ``with_cp`` and ``load_report = None``, build their modules (``patch_embed``, the
+    :attr:`BLOCKS` list, the :attr:`FINAL_NORM`), and end with :meth:`_finish_init`.
+    """
+
+    #: Name of the ``nn.ModuleList`` of blocks.
+    BLOCKS: str
+    #: Name of the norm after the last block.
+    FINAL_NORM: str
+    #: Parameters and modules before the first block, in the order ``frozen_stages`` freezes
+    #: them: layer depth 0 for layer-wise decay (absent ones, e.g. ``None`` tokens, are skipped).
+    STEM: Tuple[str, ...]
+    #: Model keys a checkpoint may lack; they keep the model's init (key -> reason).
+    OPTIONAL_CHECKPOINT_KEYS: Dict[str, str] = {}
+    #: What to build differently when a checkpoint does not fit (for the error message).
+    BUILD_OPTIONS: str = 'arch'
+
+    # ------------------------------------------------------------------ construction
+    def _finish_init(self, out_indices: Union[int, Sequence[int]]) -> None:
+        """Resolves ``out_indices``, initialises, hooks position grids and freezes."""
+        self.out_indices = resolve_out_indices(out_indices, self.num_layers)
+        self._init_parameters()
+        self._register_load_state_dict_pre_hook(self._adapt_pos_embed_on_load)
+        self._freeze_stages()
+
+    def _init_parameters(self) -> None:
+        raise NotImplementedError
+
+    @property
+    def block_list(self) -> nn.ModuleList:
+        """The blocks (``self.blocks`` of the ViT, ``self.layers`` of Adventurer)."""
+        return getattr(self, self.BLOCKS)
+
+    @property
+    def final_norm(self) -> nn.Module:
+        """The norm after the last block."""
+        return getattr(self, self.FINAL_NORM)
+
+    def init_weights(self) -> None:
+        """Loads ``pretrained`` (any layout of :mod:`mmlinvit.converters`) if set.
+
+        mmengine calls this.  The checkpoint is read safely, converted from
+        ``checkpoint_layout``, compared key by key and shape by shape and loaded all or
+        nothing by :func:`mmlinvit.converters.load_pretrained`; a position grid of another
+        size is resampled to the model grid in place (runners build the optimizer and the
+        DDP wrapper before ``init_weights``, and mmengine refuses replaced parameters).  The
+        report (loaded, dropped, resampled, initialised keys) is logged and kept as
+        ``self.load_report``.
+        """
+        if self.pretrained:
+            from mmlinvit.converters import load_pretrained
+            self.load_report = load_pretrained(self, self.pretrained,
+                                               layout=self.checkpoint_layout)
+
+    def surplus_checkpoint_keys(self) -> Dict[str, str]:
+        """Checkpoint keys this model drops instead of reporting them as unexpected.
+
+        Returns:
+            Key -> why it is dropped (none by default).
+        """
+        return {}
+
+    # ------------------------------------------------------------------ freezing
+    def _freeze_stages(self) -> None:
+        if self.frozen_stages < 0:
+            return
+        modules = []
+        for name in self.STEM:
+            part = getattr(self, name)
+            if isinstance(part, nn.Parameter):
+                part.requires_grad_(False)
+            elif isinstance(part, nn.Module):
+                modules.append(part)
+        for mod in modules + list(self.block_list[:self.frozen_stages]):
+            mod.eval()
+            for p in mod.parameters():
+                p.requires_grad_(False)
+
+    def train(self, mode: bool = True) -> 'TokenBackbone':
+        super().train(mode)
+        self._freeze_stages()
+        return self
+
+    # ------------------------------------------------------------------ position grids
+    @property
+    def pos_extra_rows(self) -> Tuple[int, int]:
+        """Rows of ``pos_embed`` before and after the patch grid (class positions)."""
+        raise NotImplementedError
+
+    def patch_rows(self, pos: torch.Tensor) -> torch.Tensor:
+        """The patch-grid rows of a (1, rows, C) position embedding."""
+        before, after = self.pos_extra_rows
+        return pos[:, before:pos.shape[1] - after]
+
+    def resample_pos_embed(self, pos: torch.Tensor) -> torch.Tensor:
+        """A (1, rows, C) position embedding of another square grid, resampled to ``pos_grid``.
+
+        Class rows are kept; the grid is resampled with ``pos_interp``.
+
+        Args:
+            pos: Position embedding of a checkpoint.
+
+        Returns:
+            The embedding on this model's grid.
+        """
+        before, after = self.pos_extra_rows
+        grid = self.patch_rows(pos)
+        patches = resample_pos_grid(grid, infer_square_grid(grid.shape[1]), self.pos_grid,
+                                    self.pos_interp)
+        return torch.cat([pos[:, :before], patches, pos[:, pos.shape[1] - after:]], dim=1)
+
+    def pos_embed_loads(self, pos: torch.Tensor) -> bool:
+        """Whether a checkpoint ``pos_embed`` of another shape is a grid this model resamples:
+        (1, extra rows + s * s, embed_dims)."""
+        n = pos.shape[1] - sum(self.pos_extra_rows) if pos.ndim == 3 else 0
+        return (self.pos_embed is not None and pos.ndim == 3 and pos.shape[0] == 1
+                and pos.shape[-1] == self.embed_dims and n > 0 and int(n**0.5 + 0.5)**2 == n)
+
+    def _adapt_pos_embed_on_load(self, state_dict: Dict[str, torch.Tensor], prefix: str,
+                                 *args) -> None:
+        """``load_state_dict`` pre-hook: a checkpoint grid of another size is handed to
+        :meth:`_load_other_grid`; other shapes are left to ``load_state_dict``, which reports
+        them with both shapes."""
+        key = prefix + 'pos_embed'
+        if self.pos_embed is None or key not in state_dict:
+            return
+        ckpt = state_dict[key]
+        if (ckpt.shape == self.pos_embed.shape or ckpt.ndim != 3
+                or ckpt.shape[-1] != self.embed_dims):
+            return
+        state_dict[key] = self._load_other_grid(ckpt)
+
+    def _load_other_grid(self, pos: torch.Tensor) -> torch.Tensor:
+        """What ``load_state_dict`` loads for a checkpoint grid of another size: by default
+        the grid resampled to the model grid (the parameter is kept)."""
+        return self.resample_pos_embed(pos)
+
+    def learned_patch_pos_embed(self, hw_shape: Tuple[int, int]) -> torch.Tensor:
+        """The learned patch positions resampled (``pos_interp``) to ``hw_shape``, (1, h * w, C)."""
+        return resample_pos_grid(self.patch_rows(self.pos_embed), self.pos_grid, hw_shape,
+                                 self.pos_interp)
+
+    # ------------------------------------------------------------------ forward
+    def prepare_tokens(self,
+                       x: torch.Tensor,
+                       patch_mask: Optional[torch.Tensor] = None,
+                       mask_token: Optional[torch.Tensor] = None
+                       ) -> Tuple[torch.Tensor, Tuple[int, int]]:
+        """Patchify, mask, add position embeddings and the class / register tokens.
+
+        Args:
+            x: Images (B, C, H, W).
+            patch_mask: Optional (B, h * w) bool; True patches are replaced by a mask token
+                before the position embeddings are added (as in DINOv2).
+            mask_token: (1, C) or (C,) token for masked patches; defaults to
+                ``self.mask_token``.
+
+        Returns:
+            The input tokens of the first block (B, N, C), in the order of
+            :attr:`token_layout`, and the (h, w) grid.
+        """
+        tokens, hw_shape = self.patch_embed(x)
+        tokens = self.mask_patches(tokens, patch_mask, mask_token)
+        return self._embed_patches(tokens, hw_shape), hw_shape
+
+    def _embed_patches(self, tokens: torch.Tensor, hw_shape: Tuple[int, int]) -> torch.Tensor:
+        """Adds position embeddings and the class / register tokens to (B, h * w, C) patch
+        tokens; returns the input of the first block."""
+        raise NotImplementedError
+
+    def mask_patches(self, tokens: torch.Tensor, patch_mask: Optional[torch.Tensor],
+                     mask_token: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Replaces the masked patch tokens by a mask token (before position embeddings).
+
+        Args:
+            tokens: Patch tokens (B, h * w, C).
+            patch_mask: ``None`` (nothing masked) or (B, h * w) bool, True where masked.
+            mask_token: (1, C) or (C,) token; defaults to ``self.mask_token``.
+
+        Returns:
+            The tokens with the masked ones replaced.
+
+        Raises:
+            ValueError: when there is no mask token or the mask has another shape.
+        """
+        if patch_mask is None:
+            return tokens
+        token = self.mask_token if mask_token is None else mask_token
+        if token is None:
+            raise ValueError('patch_mask given but the model has no mask token; build it '
+                             'with with_mask_token=True or pass mask_token')
+        b, n = tokens.shape[:2]
+        if tuple(patch_mask.shape) != (b, n):
+            raise ValueError(f'patch_mask must be (batch, h * w) = {(b, n)}, got '
+                             f'{tuple(patch_mask.shape)}')
+        return torch.where(patch_mask.unsqueeze(-1), token.to(tokens.dtype).reshape(1, 1, -1),
+                           tokens)
+
+    def _block_args(self, hw_shape: Tuple[int, int]) -> tuple:
+        """Positional arguments of every block after the tokens."""
+        raise NotImplementedError
+
+    @property
+    def token_layout(self) -> Tuple[int, slice]:
+        """(position of the class token, slice of the patch tokens) in the token sequence."""
+        raise NotImplementedError
+
+    def format_output(self, tokens: torch.Tensor, hw_shape: Tuple[int, int]) -> torch.Tensor:
+        """Turns (B, N, C) tokens into the configured ``out_type``."""
+        cls_index, patches = self.token_layout
+        return format_tokens(tokens, self.out_type, cls_index, patches, hw_shape)
+
+    def forward_tokens(self,
+                       x: torch.Tensor,
+                       patch_mask: Optional[torch.Tensor] = None,
+                       mask_token: Optional[torch.Tensor] = None
+                       ) -> Tuple[torch.Tensor, Tuple[int, int]]:
+        """Final normalised tokens (B, N, C) of the whole stack, and the (h, w) grid.
+
+        ``patch_mask`` / ``mask_token`` are passed to :meth:`prepare_tokens`.
+        """
+        tokens, hw_shape = self.prepare_tokens(x, patch_mask, mask_token)
+        args = self._block_args(hw_shape)
+        for blk in self.block_list:
+            tokens = run_block(blk, tokens, *args, with_cp=self.with_cp)
+        return self.final_norm(tokens), hw_shape
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        """Outputs of the blocks in ``out_indices``, formatted by ``out_type``.
+
+        The last block's output is always normalised; the others only with
+        ``norm_all_outputs``.
+        """
+        tokens, hw_shape = self.prepare_tokens(x)
+        args = self._block_args(hw_shape)
+        outs = []
+        last = self.num_layers - 1
+        for i, blk in enumerate(self.block_list):
+            tokens = run_block(blk, tokens, *args, with_cp=self.with_cp)
+            if i in self.out_indices:
+                out = self.final_norm(tokens) if (i == last or self.norm_all_outputs) else tokens
+                outs.append(self.format_output(out, hw_shape))
+        return tuple(outs)
+
+    # ------------------------------------------------------------------ optimisation helpers
+    def get_layer_depth(self, param_name: str, prefix: str = '') -> Tuple[int, int]:
+        """Layer depth of a parameter for layer-wise learning-rate decay.
+
+        The stem (:attr:`STEM`: embeddings and tokens) is depth 0, block i is depth i + 1,
+        everything after the blocks (final norm, heads) is ``num_layers + 1``.
+
+        Args:
+            param_name: Full parameter name.
+            prefix: Prefix of this backbone's parameters in ``param_name``
+                (e.g. ``'backbone.'``).
+
+        Returns:
+            (layer_depth, num_layers + 2).
+        """
+        total = self.num_layers + 2
+        if not param_name.startswith(prefix):
+            return total - 1, total
+        name = param_name[len(prefix):]
+        if name.split('.')[0] in self.STEM:
+            return 0, total
+        if name.startswith(self.BLOCKS + '.'):
+            return int(name.split('.')[1]) + 1, total
+        return total - 1, total

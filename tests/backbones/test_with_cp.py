@@ -1,0 +1,110 @@
+"""Activation checkpointing (``with_cp``) of ViT and Adventurer blocks.
+
+Reference: the same model run without checkpointing.  Gradients must be equal (dropout and
+drop-path masks included, so the RNG state must be replayed in the recomputation), and the
+blocks must really be recomputed in the backward pass when ``with_cp`` is on (and only then).
+"""
+from typing import Callable, Dict, List
+
+import pytest
+import torch
+import torch.nn as nn
+
+from mmlinvit.backbones import Adventurer, LinearVisionTransformer, VisionTransformer
+from mmlinvit.backbones.checkpointing import checkpoint_active
+
+TINY_VIT = dict(embed_dims=32, num_layers=3, num_heads=2, mlp_hidden_dims=64)
+TINY_ADV = dict(embed_dims=32, num_layers=3)
+TINY_MIXER = dict(d_state=8, headdim=16, chunk_size=16)
+
+
+def _vit(operator: str) -> Callable[..., nn.Module]:
+    cls = LinearVisionTransformer if operator != 'softmax' else VisionTransformer
+
+    def build(with_cp: bool) -> nn.Module:
+        torch.manual_seed(0)
+        return cls(TINY_VIT, attn_cfg=operator, img_size=32, patch_size=8, drop_rate=0.1,
+                   drop_path_rate=0.2, out_type='featmap', out_indices=[1, 2], with_cp=with_cp)
+
+    return build
+
+
+def _adventurer(with_cp: bool) -> nn.Module:
+    torch.manual_seed(0)
+    return Adventurer(TINY_ADV, img_size=32, patch_size=8, mixer_cfg=TINY_MIXER, drop_rate=0.1,
+                      drop_path_rate=0.2, out_type='featmap', out_indices=[1, 2],
+                      with_cp=with_cp)
+
+
+BUILDERS: Dict[str, Callable[[bool], nn.Module]] = {
+    'vit-softmax': _vit('softmax'),
+    'vit-elu': _vit('elu'),
+    'adventurer': _adventurer,
+}
+
+
+def _blocks(model: nn.Module) -> nn.ModuleList:
+    return model.layers if isinstance(model, Adventurer) else model.blocks
+
+
+def _step(model: nn.Module, images: torch.Tensor, calls: List[str]):
+    """One training forward/backward with a fixed seed; block calls logged per phase.
+
+    Calls are seen by forward PRE-hooks: the recomputation of a non-reentrant checkpoint stops
+    as soon as the saved tensors are rebuilt, before the block's forward hooks would run.
+    """
+    phase = ['forward']
+    handles = [blk.register_forward_pre_hook(lambda *_: calls.append(phase[0]))
+               for blk in _blocks(model)]
+    torch.manual_seed(123)  # same dropout / drop-path masks in both runs
+    outs = model(images)
+    loss = sum((o * torch.linspace(-1, 1, o.numel()).reshape(o.shape)).sum() for o in outs)
+    phase[0] = 'backward'
+    loss.backward()
+    for h in handles:
+        h.remove()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()
+                           if p.grad is not None}
+
+
+@pytest.mark.parametrize('name', sorted(BUILDERS))
+def test_with_cp_gives_equal_gradients_and_recomputes(name):
+    images = torch.randn(2, 3, 32, 32)
+    plain, ckpt = BUILDERS[name](False).train(), BUILDERS[name](True).train()
+    calls_plain: List[str] = []
+    calls_ckpt: List[str] = []
+    loss_plain, grads_plain = _step(plain, images, calls_plain)
+    loss_ckpt, grads_ckpt = _step(ckpt, images, calls_ckpt)
+    torch.testing.assert_close(loss_ckpt, loss_plain, atol=0.0, rtol=0.0)
+    assert grads_ckpt.keys() == grads_plain.keys() and len(grads_plain) > 10
+    for key, grad in grads_plain.items():
+        torch.testing.assert_close(grads_ckpt[key], grad, atol=1e-6, rtol=1e-5, msg=key)
+    depth = len(_blocks(plain))
+    assert calls_plain == ['forward'] * depth
+    # Every block is recomputed once during backward.
+    assert calls_ckpt == ['forward'] * depth + ['backward'] * depth
+
+
+@pytest.mark.parametrize('name', sorted(BUILDERS))
+def test_with_cp_is_inactive_in_eval_no_grad_and_for_frozen_blocks(name):
+    model = BUILDERS[name](True)
+    images = torch.randn(1, 3, 32, 32)
+    calls: List[str] = []
+    handles = [blk.register_forward_pre_hook(lambda *_: calls.append('x'))
+               for blk in _blocks(model)]
+    model.eval()
+    (model(images)[-1].sum()).backward()  # eval mode: no recomputation
+    with torch.no_grad():
+        model.train()(images)  # no autograd: nothing to recompute
+    depth = len(_blocks(model))
+    assert len(calls) == 2 * depth
+    for h in handles:
+        h.remove()
+    # Frozen blocks fed an input that needs no grad are not checkpointed either.
+    block = _blocks(model.train())[0]
+    tokens = torch.randn(1, 17, 32)
+    assert checkpoint_active(block, tokens, True)
+    assert not checkpoint_active(block, tokens, False)
+    block.requires_grad_(False)
+    assert not checkpoint_active(block, tokens, True)
+    assert checkpoint_active(block, tokens.requires_grad_(), True)
