@@ -1,4 +1,9 @@
-"""Shared pytest settings: small thread count and deterministic seeds for the 2-core CI."""
+"""Shared pytest settings: small thread count and deterministic seeds for the 2-core CI.
+
+Fixtures for any folder or module to opt in to (``pytestmark =
+pytest.mark.usefixtures('one_thread')`` in a module, or an autouse fixture of a folder's
+``conftest.py`` that requests them): ``one_thread`` and ``cheap_config_dump``.
+"""
 import os
 
 # Triton kernels are tested on CPU through the interpreter; it must be switched on before
@@ -17,3 +22,28 @@ torch.set_num_threads(2)
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture
+def one_thread():
+    """One intra-op thread for the test: tiny models run several times faster than with two
+    threads on a shared 2-core machine (no oversubscription); the count is restored after."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+def _plain_config_text(cfg) -> str:
+    return '\n'.join(f'{key} = {value!r}' for key, value in cfg.to_dict().items()) + '\n'
+
+
+@pytest.fixture(scope='session')
+def cheap_config_dump():
+    """mmengine formats every dumped config with yapf (~2 s per Runner on the shared cores);
+    tests that do not look at the dumped text replace it by one ``key = value`` per line."""
+    from mmengine.config import Config
+    original = Config.pretty_text
+    Config.pretty_text = property(_plain_config_text)
+    yield
+    Config.pretty_text = original

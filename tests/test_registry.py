@@ -66,6 +66,42 @@ def test_registry_scope_and_locations():
     assert ROOT.get('mmlinvit.VisionTransformer') is MODELS.get('VisionTransformer')
 
 
+def test_every_registry_has_real_locations_and_entries():
+    """Each registry of ``mmlinvit.registry`` imports modules that exist and holds entries.
+
+    The old module also defined ``METRICS`` (locations ``mmlinvit.evaluation``, a package that
+    does not exist), and empty ``MODEL_WRAPPERS`` / ``TRANSFORMS``: this test fails on it.
+    """
+    import importlib.util
+
+    from mmengine.registry import Registry
+
+    import mmlinvit.registry as reg
+    registries = {name: obj for name, obj in vars(reg).items()
+                  if isinstance(obj, Registry) and obj.scope == 'mmlinvit'}
+    assert set(registries) == {'MODELS', 'HOOKS', 'OPTIM_WRAPPER_CONSTRUCTORS', 'DATASETS',
+                               'DATA_SAMPLERS'}
+    for name, registry in registries.items():
+        for location in registry._locations:
+            assert importlib.util.find_spec(location) is not None, (name, location)
+        registry.import_from_location()
+        assert len(registry.module_dict) > 0, f'{name} is empty'
+
+
+def test_one_registration_module_registers_every_torch_only_class():
+    """mmlinvit.models.register puts backbones, operators and losses into MODELS by class name."""
+    import mmlinvit.models  # noqa: F401  (performs the registration)
+    from mmlinvit.distill import losses
+    from mmlinvit.layers.attention import ATTENTION_OPERATORS
+    from mmlinvit.models.register import BACKBONES, LOSSES
+    from mmlinvit.registry import MODELS
+    loss_classes = {getattr(losses, name) for name in losses.__all__
+                    if name.endswith('Loss')}
+    assert set(LOSSES) == loss_classes  # every torch-only loss, nothing missing
+    for cls in (*BACKBONES, *LOSSES, *(c for _, c in ATTENTION_OPERATORS.items())):
+        assert MODELS.get(cls.__name__) is cls, cls
+
+
 #: The torch-only layers (README "Layout"): none of them may import OpenMMLab.
 TORCH_ONLY_PACKAGES = ('mmlinvit.ops', 'mmlinvit.layers', 'mmlinvit.backbones',
                        'mmlinvit.converters', 'mmlinvit.transfer', 'mmlinvit.analysis',
@@ -166,7 +202,7 @@ def test_scope_registration_is_explicit_and_points_at_installed_distributions():
 
 
 USER_CONFIG = """
-_base_ = ['mmlinvit::demo/upernet_vit-tiny-elu_toy-64x64.py']
+_base_ = ['mmlinvit::demo/upernet_vit-tiny-elu_1xb8-200it_toy-64x64.py']
 model = dict(backbone=dict(pretrained=None), decode_head=dict(num_classes=3))
 """
 
@@ -176,7 +212,8 @@ import mmlinvit, mmlinvit.registry
 print('PACKAGE', os.path.dirname(os.path.realpath(mmlinvit.__file__)))
 from mmengine.config import Config
 open('user_cfg.py', 'w').write({user!r})
-path, scope = Config._get_cfg_path('mmlinvit::demo/upernet_vit-tiny-elu_toy-64x64.py', 'x.py')
+path, scope = Config._get_cfg_path(
+    'mmlinvit::demo/upernet_vit-tiny-elu_1xb8-200it_toy-64x64.py', 'x.py')
 print('BASE', os.path.realpath(path))
 assert scope == 'mmseg', scope
 cfg = Config.fromfile('user_cfg.py')
@@ -197,7 +234,7 @@ def test_mmlinvit_scope_editable_install_reads_repository_configs(tmp_path):
     assert proc.returncode == 0 and 'OK' in proc.stdout, proc.stderr[-3000:]
     lines = dict(line.split(' ', 1) for line in proc.stdout.splitlines() if ' ' in line)
     assert lines['BASE'] == os.path.join(REPO, 'configs', 'demo',
-                                         'upernet_vit-tiny-elu_toy-64x64.py')
+                                         'upernet_vit-tiny-elu_1xb8-200it_toy-64x64.py')
 
 
 def test_mmlinvit_scope_non_editable_install(tmp_path):
@@ -210,7 +247,8 @@ def test_mmlinvit_scope_non_editable_install(tmp_path):
     assert pip.returncode == 0, pip.stderr[-3000:]
     mim = target / 'mmlinvit' / '.mim'
     assert (mim / 'model-index.yml').is_file() and not (mim / 'configs').is_symlink()
-    assert (mim / 'configs' / 'adala' / 'vit-adala_stage1_attn-align_dinov2-l_coco-512.py').is_file()
+    assert (mim / 'configs' / 'adala' /
+            'vit-adala-stage1-attn-align_dinov2-l-elu_8xb8-4e_coco-512x512.py').is_file()
     work = tmp_path / 'user_repo'
     work.mkdir()
     proc = _run(MMLINVIT_SCOPE_SCRIPT.format(user=USER_CONFIG), work,
@@ -227,7 +265,8 @@ def test_mmlinvit_scope_without_installed_configs_fails_clearly(tmp_path):
     shutil.copytree(os.path.join(REPO, 'mmlinvit'), tmp_path / 'src' / 'mmlinvit',
                     ignore=shutil.ignore_patterns('.mim', '__pycache__'))
     code = ("import mmlinvit.registry\nfrom mmengine.config import Config\n"
-            "open('u.py', 'w').write(\"_base_ = ['mmlinvit::demo/toy_scenes_64x64.py']\")\n"
+            "open('u.py', 'w').write(\"_base_ = "
+            "['mmlinvit::_base_/datasets/toy_scenes_64x64.py']\")\n"
             "Config.fromfile('u.py')\n")
     proc = _run(code, tmp_path, _clean_env(PYTHONPATH=str(tmp_path / 'src')))
     assert proc.returncode != 0

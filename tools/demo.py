@@ -7,11 +7,11 @@ One command on a fresh machine (``bash tools/run.sh demo`` installs first)::
 1. draws a small data set of outdoor scenes in ADE20K's layout (images/ + annotations/,
    label 0 = unlabelled, ``reduce_zero_label``);
 2. trains a tiny softmax ViT teacher with UPerNet on it
-   (configs/demo/upernet_vit-tiny-softmax_toy-64x64.py);
+   (configs/demo/upernet_vit-tiny-softmax_1xb8-300it_toy-64x64.py);
 3. linearizes it with ViT-AdaLA: Stage 1 (teacher-forced attention alignment) and Stage 2
    (feature alignment) with the recipes of configs/adala/ scaled down to the tiny model and
    the demo images, then Stage 3: an ELU+1 linear student initialised from Stage 2 and
-   fine-tuned with UPerNet (configs/demo/upernet_vit-tiny-elu_toy-64x64.py);
+   fine-tuned with UPerNet (configs/demo/upernet_vit-tiny-elu_1xb8-200it_toy-64x64.py);
 4. evaluates teacher and student on the validation scenes and prints their IoUs side by side;
    ``predictions.png`` shows image | ground truth | teacher | student;
 5. shows teacher and student on real photographs (scikit-image's astronaut, chelsea, coffee,
@@ -48,10 +48,12 @@ from mmlinvit.datasets import SCENE_CLASSES, SCENE_PALETTE, make_ade20k_layout
 from mmlinvit.engine.launch import build_runner, prepare_train_config
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
-TEACHER_CFG = osp.join(REPO, 'configs/demo/upernet_vit-tiny-softmax_toy-64x64.py')
-STUDENT_CFG = osp.join(REPO, 'configs/demo/upernet_vit-tiny-elu_toy-64x64.py')
-STAGE1_CFG = osp.join(REPO, 'configs/adala/vit-adala_stage1_attn-align_dinov2-l_coco-512.py')
-STAGE2_CFG = osp.join(REPO, 'configs/adala/vit-adala_stage2_feat-align_dinov2-l_in22k-512.py')
+TEACHER_CFG = osp.join(REPO, 'configs/demo/upernet_vit-tiny-softmax_1xb8-300it_toy-64x64.py')
+STUDENT_CFG = osp.join(REPO, 'configs/demo/upernet_vit-tiny-elu_1xb8-200it_toy-64x64.py')
+STAGE1_CFG = osp.join(REPO, 'configs', 'adala',
+                      'vit-adala-stage1-attn-align_dinov2-l-elu_8xb8-4e_coco-512x512.py')
+STAGE2_CFG = osp.join(REPO, 'configs', 'adala',
+                      'vit-adala-stage2-feat-align_dinov2-l-elu_8xb8-10e_in22k-512x512.py')
 
 #: The real photographs of step 5 (shipped inside scikit-image) and their size in pixels.
 PHOTOS = ('astronaut', 'chelsea', 'coffee', 'rocket')

@@ -26,7 +26,7 @@ configs): the student is rebuilt alone from ``model.student`` and its ``student.
 
 Examples::
 
-    python tools/infer.py configs/demo/upernet_vit-tiny-elu_toy-64x64.py \\
+    python tools/infer.py configs/demo/upernet_vit-tiny-elu_1xb8-200it_toy-64x64.py \\
         work_dirs/demo/student/iter_200.pth work_dirs/demo/data/toy_ade/ADEChallengeData2016/images/validation \\
         --out-dir work_dirs/demo/infer
 """
@@ -36,7 +36,7 @@ import os
 import os.path as osp
 import sys
 import tempfile
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -47,7 +47,7 @@ from PIL import Image
 
 from mmlinvit.config_scopes import register_config_scopes
 from mmlinvit.engine.launch import load_config, world_of
-from mmlinvit.engine.preflight import CHECKPOINT_KEYS
+from mmlinvit.engine.preflight import clear_checkpoints
 
 #: Image file suffixes a directory argument contributes.
 IMAGE_SUFFIXES = ('.jpg', '.jpeg', '.png', '.bmp', '.tif', '.tiff', '.webp')
@@ -129,23 +129,6 @@ def collect_images(inputs: Sequence[str], recursive: bool = False) -> List[str]:
     return unique
 
 
-def _clear_pretrained(node: Any) -> None:
-    """Sets every checkpoint path and ``Pretrained`` init_cfg under ``node`` to None."""
-    if isinstance(node, dict):
-        for key in list(node.keys()):
-            value = node[key]
-            if key in CHECKPOINT_KEYS and isinstance(value, str):
-                node[key] = None
-            elif key == 'init_cfg' and isinstance(value, dict) and \
-                    value.get('type') == 'Pretrained':
-                node[key] = None
-            else:
-                _clear_pretrained(value)
-    elif isinstance(node, (list, tuple)):
-        for value in node:
-            _clear_pretrained(value)
-
-
 def inference_config(cfg: Config, checkpoint: str, tmp_dir: str) -> Tuple[Config, str]:
     """The config and checkpoint an inferencer needs.
 
@@ -183,7 +166,7 @@ def inference_config(cfg: Config, checkpoint: str, tmp_dir: str) -> Tuple[Config
                            f'of this DistillationModel config')
         checkpoint = osp.join(tmp_dir, 'student.pth')
         torch.save(dict(state_dict=kept, meta=ckpt.get('meta', {})), checkpoint)
-    _clear_pretrained(cfg.model)
+    clear_checkpoints(cfg.model)
     return cfg, checkpoint
 
 
@@ -196,6 +179,23 @@ def _save_label_map(label: np.ndarray, path: str) -> None:
         Image.fromarray(label.astype(np.uint8)).save(path)
     else:
         Image.fromarray(label.astype(np.uint16)).save(path)
+
+
+def _batched_forward(inferencer: Any, images: List[str],
+                     batch_size: int) -> Iterator[Tuple[List[str], Any]]:
+    """Yields (image paths, predictions) batch by batch, with one progress bar for all.
+
+    Runs the inferencer's own preprocess and forward steps (its ``__call__`` has a progress
+    bar per call and writes its own outputs).
+    """
+    bar = ProgressBar(len(images), file=sys.stdout)
+    for start in range(0, len(images), batch_size):
+        batch = images[start:start + batch_size]
+        data = next(iter(inferencer.preprocess(batch, batch_size=len(batch))))
+        yield batch, inferencer.forward(data)
+        for _ in batch:
+            bar.update()
+    sys.stdout.write('\n')
 
 
 def run_segmentation(cfg: Config, checkpoint: str, images: List[str], args: argparse.Namespace
@@ -213,12 +213,8 @@ def run_segmentation(cfg: Config, checkpoint: str, images: List[str], args: argp
                        label_map_values='class index 0..C-1 (model output; no +1 offset)'),
                   f, indent=2)
     rows = []
-    bar = ProgressBar(len(images), file=sys.stdout)
-    for start in range(0, len(images), args.batch_size):
-        batch = images[start:start + args.batch_size]
-        # the inferencer's own steps (its __call__ would also write counter-named label maps)
-        data = next(iter(inferencer.preprocess(batch, batch_size=len(batch))))
-        preds = inferencer.forward(data)
+    for batch, preds in _batched_forward(inferencer, images, args.batch_size):
+        # (the inferencer's __call__ would also write counter-named label maps)
         inferencer.visualize(batch, preds, img_out_dir=vis_dir, opacity=args.opacity,
                              with_labels=not args.no_labels)
         labels = inferencer.postprocess(preds, None)['predictions']
@@ -231,8 +227,6 @@ def run_segmentation(cfg: Config, checkpoint: str, images: List[str], args: argp
             rows.append(dict(image=path, overlay=osp.join(vis_dir, osp.basename(path)),
                              label_map=label_path,
                              classes_present=[meta['classes'][int(i)] for i in present]))
-            bar.update()
-    sys.stdout.write('\n')
     return rows
 
 
@@ -247,12 +241,7 @@ def run_classification(cfg: Config, checkpoint: str, images: List[str],
     os.makedirs(pred_dir, exist_ok=True)
     os.makedirs(vis_dir, exist_ok=True)
     rows = []
-    bar = ProgressBar(len(images), file=sys.stdout)
-    for start in range(0, len(images), args.batch_size):
-        batch = images[start:start + args.batch_size]
-        # the inferencer's own steps, without its per-call progress bar
-        data = next(iter(inferencer.preprocess(batch, batch_size=len(batch))))
-        preds = inferencer.forward(data)
+    for batch, preds in _batched_forward(inferencer, images, args.batch_size):
         inferencer.visualize(batch, preds, show_dir=vis_dir)
         for path, result in zip(batch, inferencer.postprocess(preds, None)):
             scores = np.asarray(result['pred_scores'], dtype=np.float64)
@@ -266,8 +255,6 @@ def run_classification(cfg: Config, checkpoint: str, images: List[str],
             with open(osp.join(pred_dir, f'{stem}.json'), 'w') as f:
                 json.dump(row, f, indent=2)
             rows.append(row)
-            bar.update()
-    sys.stdout.write('\n')
     with open(osp.join(args.out_dir, 'topk.txt'), 'w') as f:
         for row in rows:
             best = ', '.join(f'{t.get("class", t["label"])} {t["score"]:.4f}' for t in row['topk'])

@@ -14,12 +14,14 @@ _base_ = [
     '../_base_/models/upernet_vit.py', '../_base_/datasets/ade20k_512x512.py',
     '../_base_/default_runtime_seg.py', '../_base_/schedules/schedule_160k.py'
 ]
-distilled_checkpoint = 'work_dirs/adventurer-b_linearizer_clip-b16_in1k-224/student_backbone.pth'
+distilled_checkpoint = ('work_dirs/vit-linearizer_clip-b16_adventurer-b_16xb64-300e_in1k-224x224/'
+                        'student_backbone.pth')
 missing_path_hints = {
     'model.backbone.pretrained':
     'This is the ViT-Linearizer-distilled Adventurer-B. Produce it with python tools/train.py '
-    'configs/linearizer/adventurer-b_linearizer_clip-b16_in1k-224.py (ExportStudentHook writes '
-    'student_backbone.pth into its work dir), or pass one with --cfg-options '
+    'configs/linearizer/vit-linearizer_clip-b16_adventurer-b_16xb64-300e_in1k-224x224.py '
+    '(ExportStudentHook writes student_backbone.pth into its work dir), or pass one with '
+    '--cfg-options '
     'model.backbone.pretrained=PATH.',
 }
 model = dict(

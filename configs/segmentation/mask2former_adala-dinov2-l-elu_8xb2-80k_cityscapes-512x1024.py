@@ -7,31 +7,15 @@
 #   python tools/dataset_converters/cityscapes.py data/cityscapes --nproc 8
 _base_ = [
     '../_base_/models/mask2former_vit.py', '../_base_/datasets/cityscapes_512x1024.py',
-    '../_base_/default_runtime_seg.py', '../_base_/schedules/schedule_80k.py'
+    '../_base_/default_runtime_seg.py', '../_base_/schedules/schedule_80k.py',
+    '../_base_/models/adala-dinov2-l-elu.py'
 ]
-stage2_checkpoint = 'work_dirs/vit-adala_stage2_feat-align_dinov2-l_in22k-512/student_backbone.pth'
-missing_path_hints = {
-    'model.backbone.pretrained':
-    'This is the ViT-AdaLA Stage-2 student backbone, written by Stage 2 (ExportStudentHook). '
-    'Produce it with python tools/train.py '
-    'configs/adala/vit-adala_stage1_attn-align_dinov2-l_coco-512.py && python tools/train.py '
-    'configs/adala/vit-adala_stage2_feat-align_dinov2-l_in22k-512.py, or pass an existing one '
-    'with --cfg-options model.backbone.pretrained=PATH (a Stage-2 runner checkpoint also loads '
-    'once re-saved with tools/model_converters/export_student.py).',
-}
+missing_path_hints = _base_.adala_missing_path_hints
 num_classes = 19
 embed_dims = 1024
 model = dict(
     data_preprocessor=dict(size=None, size_divisor=14, test_cfg=None),
-    backbone=dict(
-        type='mmlinvit.LinearVisionTransformer',
-        arch='l',
-        family='dinov2',
-        img_size=518,
-        attn_cfg='elu',
-        out_indices=[7, 11, 15, 23],
-        drop_path_rate=0.3,
-        pretrained=stage2_checkpoint),
+    backbone=_base_.adala_seg_backbone,
     neck=dict(embed_dim=embed_dims),
     decode_head=dict(
         in_channels=[embed_dims] * 4,

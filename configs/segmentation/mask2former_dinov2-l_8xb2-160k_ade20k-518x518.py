@@ -1,10 +1,20 @@
-# The softmax teacher of ViT-AdaLA on ADE20K: DINOv2-L (softmax attention) with Mask2Former,
-# the reference the linearized student of configs/adala_dinov2_ade20k.py is compared to
-# (paper: 56.73 teacher vs 55.55 student mIoU at 512^2).  Same recipe, only the backbone
-# differs: the official DINOv2 weights, converted with
+# Mask2Former on the softmax DINOv2-L/14 on ADE20K (150 classes): the teacher of ViT-AdaLA and
+# the recipe its Stage-3 student follows
+# (configs/adala/mask2former_adala-dinov2-l-elu_8xb2-160k_ade20k-518x518.py inherits this file
+# and only swaps the backbone; paper: 56.73 teacher vs 55.55 student mIoU at 512^2).
+# The official DINOv2 weights load directly (the hub layout is detected), or converted with
 #   python tools/model_converters/convert_checkpoint.py dinov2_vitl14_pretrain.pth \
 #       checkpoints/dinov2_vitl14_canonical.pth --layout dinov2
-_base_ = ['../adala_dinov2_ade20k.py']
+#
+# Crops are 518 x 518 (37 x 37 patches of 14 px, DINOv2's native grid) instead of the
+# paper's 512: with patch 14, a 512 crop would leave the last 8 pixel rows/columns out of
+# the patch grid.  Test images are resized to a short side of 518 and padded to a multiple
+# of 14; predictions are cropped back and resized to the original image.
+# Sliding-window inference: --cfg-options model.test_cfg.mode=slide.
+_base_ = [
+    '../_base_/models/mask2former_vit.py', '../_base_/datasets/ade20k_518x518.py',
+    '../_base_/default_runtime_seg.py', '../_base_/schedules/schedule_160k.py'
+]
 teacher_checkpoint = 'checkpoints/dinov2_vitl14_canonical.pth'
 missing_path_hints = {
     'model.backbone.pretrained':
@@ -13,6 +23,32 @@ missing_path_hints = {
     'directly: the layout is detected), or convert it with '
     'tools/model_converters/convert_checkpoint.py.',
 }
+crop_size = (518, 518)
+num_classes = 150
+embed_dims = 1024
+data_preprocessor = dict(size=crop_size, test_cfg=dict(size_divisor=14))
 model = dict(
+    data_preprocessor=data_preprocessor,
     backbone=dict(
-        type='mmlinvit.VisionTransformer', attn_cfg='softmax', pretrained=teacher_checkpoint))
+        type='mmlinvit.VisionTransformer',
+        arch='l',
+        family='dinov2',
+        img_size=518,
+        attn_cfg='softmax',
+        out_indices=[7, 11, 15, 23],
+        norm_all_outputs=True,
+        drop_path_rate=0.3,
+        pretrained=teacher_checkpoint),
+    neck=dict(embed_dim=embed_dims),
+    decode_head=dict(
+        in_channels=[embed_dims] * 4,
+        num_classes=num_classes,
+        loss_cls=dict(class_weight=[1.0] * num_classes + [0.1])),
+    # Sliding window for --cfg-options model.test_cfg.mode=slide.
+    test_cfg=dict(mode='whole', crop_size=crop_size, stride=(341, 341)))
+# 8 GPUs x 2 images = batch 16 (as ViT-Adapter-L + Mask2Former); AdamW 2e-5, layer decay 0.9.
+train_dataloader = dict(batch_size=2)
+optim_wrapper = dict(
+    optimizer=dict(lr=2e-5, weight_decay=0.05),
+    paramwise_cfg=dict(layer_decay_rate=0.9),
+    clip_grad=dict(max_norm=0.01, norm_type=2))

@@ -1,4 +1,4 @@
-"""Datasets, transforms and data generators (imported lazily by ``mmlinvit.registry``)."""
+"""Procedural data generators and dataset checks (no registered classes)."""
 from .synthetic_scenes import (SCENE_CLASSES, SCENE_PALETTE, draw_scene, make_ade20k_layout,
                                make_cityscapes_layout)
 

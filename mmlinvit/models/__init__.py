@@ -1,8 +1,11 @@
-"""OpenMMLab integration of mmlinvit's models (imported lazily by ``mmlinvit.registry``)."""
-from .backbones import register_backbones
-from .operators import register_attention_operators
+"""OpenMMLab integration of mmlinvit's models (imported lazily by ``mmlinvit.registry``).
 
-register_backbones()
-register_attention_operators()
-from . import distill, losses  # noqa: F401,E402  (registers distillation models and losses)
-from . import segmentors  # noqa: F401,E402  (registers mmlinvit.EncoderDecoder)
+:mod:`.register` puts the torch-only backbones, attention operators and distillation losses
+into the ``mmlinvit`` MODELS registry; importing :mod:`.distill` and :mod:`.segmentors`
+registers the classes defined there (``DistillationModel``, ``LinearConnector``,
+``EncoderDecoder``).
+"""
+from . import distill, segmentors  # noqa: F401
+from .register import register_all
+
+register_all()

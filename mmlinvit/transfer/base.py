@@ -154,15 +154,33 @@ def build_transfer_strategy(strategy: Union[str, dict, TransferStrategy],
                             **kwargs: Any) -> TransferStrategy:
     """Builds a strategy from a name, a ``dict(type=...)`` config or returns an instance.
 
+    Configs name the strategy with ``type`` like every other part
+    (``weight_transfer=dict(type='mlp_copy')``); the former key ``strategy`` is refused with
+    the fix.
+
     Args:
-        strategy: Registered name (``'mlp_copy'``, ``'MLPCopy'``...), config dict or instance.
+        strategy: Registered name (``'mlp_copy'``, ``'MLPCopy'``...), config dict with a
+            ``type`` key and the strategy's options, or an instance.
         **kwargs: Strategy options (ignored for instances; pass them to the constructor).
+
+    Raises:
+        ValueError: A config dict that names the strategy with ``strategy=`` instead of
+            ``type=``.
+        KeyError: Unknown strategy (the message lists the registered ones).
     """
     if isinstance(strategy, TransferStrategy):
         if kwargs:
             raise TypeError(f'Options {sorted(kwargs)} given together with an already built '
                             f'strategy {strategy.name!r}; pass them to its constructor instead')
         return strategy
+    if isinstance(strategy, Mapping) and 'strategy' in strategy:
+        options = {k: v for k, v in strategy.items() if k not in ('strategy', 'type')}
+        fixed = ', '.join([f'type={strategy["strategy"]!r}'] +
+                          [f'{k}={v!r}' for k, v in options.items()])
+        raise ValueError(f'A weight-transfer config names its strategy with "type", like every '
+                         f'other part of a config; the key "strategy" is not read. Write '
+                         f'dict({fixed}) (e.g. weight_transfer=dict(type=\'mlp_copy\')), got '
+                         f'{dict(strategy)!r}')
     return TRANSFER_STRATEGIES.build(strategy, **kwargs)
 
 

@@ -17,8 +17,8 @@ from mmengine.hooks import Hook
 from PIL import Image
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-DISTILL_CONFIG = 'linearizer/adventurer-b_linearizer_clip-b16_in1k-224.py'
-FINETUNE_CONFIG = 'linearizer/adventurer-b_in1k-224_finetune.py'
+DISTILL_CONFIG = 'linearizer/vit-linearizer_clip-b16_adventurer-b_16xb64-300e_in1k-224x224.py'
+FINETUNE_CONFIG = 'linearizer/linear-head_adventurer-b_16xb64-30e_in1k-224x224.py'
 UPERNET_CONFIGS = ('linearizer/upernet_adventurer-b_8xb2-160k_ade20k-512x512.py',
                    'linearizer/upernet_adventurer-b_8xb2-80k_cityscapes-512x1024.py')
 

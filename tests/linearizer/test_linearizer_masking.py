@@ -225,14 +225,15 @@ def test_student_mask_token_needs_one_in_the_student():
 
 
 @pytest.mark.parametrize('rel', [
-    'linearizer/adventurer-b_in1k-224_finetune.py',
+    'linearizer/linear-head_adventurer-b_16xb64-30e_in1k-224x224.py',
     'linearizer/upernet_adventurer-b_8xb2-160k_ade20k-512x512.py',
     'linearizer/upernet_adventurer-b_8xb2-80k_cityscapes-512x1024.py',
 ])
 def test_missing_distilled_student_names_the_distillation_config(rel):
     from mmlinvit.engine.preflight import MissingInputsError, check_inputs
     cfg = Config.fromfile(config_path(rel))
-    with pytest.raises(MissingInputsError, match='adventurer-b_linearizer_clip-b16_in1k-224.py'):
+    with pytest.raises(MissingInputsError,
+                       match='vit-linearizer_clip-b16_adventurer-b_16xb64-300e_in1k-224x224.py'):
         check_inputs(cfg)
 
 

@@ -22,10 +22,5 @@ def city_root(tmp_path_factory) -> str:
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models run fastest on one thread, above all on a busy 2-core machine."""
-    import torch
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+def _segmentation_settings(one_thread):
+    """Every test of this folder runs on one intra-op thread (``tests/conftest.py``)."""

@@ -12,12 +12,19 @@ from mmlinvit.engine.launch import build_runner, prepare_train_config
 from seg_helpers import REPO, tiny_config
 
 
+#: The short entry file users type, and the config it names.
+ADALA_ALIAS = 'adala_dinov2_ade20k.py'
+ADALA_FULL = 'adala/mask2former_adala-dinov2-l-elu_8xb2-160k_ade20k-518x518.py'
+
+
 def _segmentation_configs():
     """Every non-base config whose (student) model is an mmseg EncoderDecoder."""
     found = []
     for path in sorted(glob.glob(osp.join(REPO, 'configs', '**', '*.py'), recursive=True)):
         rel = osp.relpath(path, osp.join(REPO, 'configs'))
         if rel.startswith(('_base_', 'demo')):  # the demo's configs run in test_seg_demo.py
+            continue
+        if rel == ADALA_ALIAS:  # the same config as ADALA_FULL (test_adala_config_recipe)
             continue
         cfg = Config.fromfile(path)
         if cfg.get('default_scope') != 'mmseg':
@@ -34,7 +41,7 @@ SEG_CONFIGS = _segmentation_configs()
 
 def test_expected_configs_are_discovered():
     expected = {
-        'adala_dinov2_ade20k.py',
+        ADALA_FULL,
         'segmentation/upernet_adala-dinov2-l-elu_8xb2-160k_ade20k-518x518.py',
         'segmentation/mask2former_dinov2-l_8xb2-160k_ade20k-518x518.py',
         'segmentation/mask2former_adala-dinov2-l-elu_8xb2-80k_cityscapes-512x1024.py',
@@ -46,11 +53,14 @@ def test_expected_configs_are_discovered():
 
 
 def test_adala_config_recipe():
-    cfg = Config.fromfile(osp.join(REPO, 'configs', 'adala_dinov2_ade20k.py'))
+    cfg = Config.fromfile(osp.join(REPO, 'configs', ADALA_ALIAS))
+    full = Config.fromfile(osp.join(REPO, 'configs', ADALA_FULL))
+    assert cfg.to_dict() == full.to_dict()  # the entry file is the adala/ config, unchanged
     backbone = cfg.model.backbone
     assert backbone.type == 'mmlinvit.LinearVisionTransformer'
     assert (backbone.arch, backbone.family, backbone.attn_cfg) == ('l', 'dinov2', 'elu')
-    assert backbone.pretrained == cfg.stage2_checkpoint
+    assert backbone.pretrained == cfg.adala_stage2_checkpoint
+    assert backbone.pretrained.endswith('student_backbone.pth')
     assert cfg.model.decode_head.type == 'Mask2FormerHead'
     assert cfg.model.decode_head.num_classes == 150
     assert cfg.train_dataloader.dataset.type == 'ADE20KDataset'

@@ -64,8 +64,9 @@ def test_missing_data_root_and_checkpoint_stop_before_training(tmp_path):
     assert missing_root in message
     assert 'ADEChallengeData2016.zip' in message  # how to get the data
     # The Stage-2 checkpoint and how to produce it.
-    assert 'vit-adala_stage2_feat-align_dinov2-l_in22k-512/student_backbone.pth' in message
-    assert 'vit-adala_stage1' in message and 'vit-adala_stage2' in message  # how to make it
+    assert ('vit-adala-stage2-feat-align_dinov2-l-elu_8xb8-10e_in22k-512x512/'
+            'student_backbone.pth') in message
+    assert 'vit-adala-stage1' in message and 'vit-adala-stage2' in message  # how to make it
     assert not work_dir.exists()  # nothing was built
 
 
@@ -133,8 +134,9 @@ def test_tools_choose_the_world_from_default_scope(tmp_path):
     from mmengine.config import Config
 
     from mmlinvit.engine.launch import prepare_test_config, world_of
-    cls_cfg = Config.fromfile(osp.join(REPO, 'configs', 'copy_mlp_distill_attn',
-                                       'deit-t_elu_mlp-copy_distill-attn_cifar10-224.py'))
+    cls_cfg = Config.fromfile(osp.join(
+        REPO, 'configs', 'copy_mlp_distill_attn',
+        'copy-mlp-distill-attn_deit-t-elu_8xb64-300e_cifar10-224x224.py'))
     seg_cfg = Config.fromfile(osp.join(REPO, 'configs', 'adala_dinov2_ade20k.py'))
     assert world_of(cls_cfg).scope == 'mmpretrain' and world_of(seg_cfg).scope == 'mmseg'
     prepare_test_config(cls_cfg, 'x.py', 'ckpt.pth', show_dir=str(tmp_path))

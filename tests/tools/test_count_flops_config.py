@@ -32,8 +32,8 @@ def _elu_vit_flops(hw, patch, dims, layers, heads, mlp, prefix=1):
 
 def test_bare_backbone_distillation_config(capsys):
     """AdaLA Stage 1: the student is a bare DINOv2-L/14 ELU+1 backbone at 512 x 512."""
-    row = _tool().main([osp.join(REPO, 'configs/adala/'
-                                 'vit-adala_stage1_attn-align_dinov2-l_coco-512.py')])
+    row = _tool().main([osp.join(
+        REPO, 'configs/adala/vit-adala-stage1-attn-align_dinov2-l-elu_8xb8-4e_coco-512x512.py')])
     assert row['part'] == 'student' and row['input'] == (512, 512)
     assert row['flops'] == _elu_vit_flops((512, 512), 14, 1024, 24, 16, 4096)
     out = capsys.readouterr().out
@@ -44,7 +44,7 @@ def test_classification_distillation_config():
     """DeiT-T ELU+1 ImageClassifier student on CIFAR-10 (10 classes) at 224."""
     tool = _tool()
     row = tool.main([osp.join(REPO, 'configs/copy_mlp_distill_attn/'
-                              'deit-t_elu_mlp-copy_distill-attn_cifar10-224.py')])
+                              'copy-mlp-distill-attn_deit-t-elu_8xb64-300e_cifar10-224x224.py')])
     assert row['input'] == (224, 224) and row['part'] == 'student'
     head = 2 * 192 * 10
     assert row['flops'] == _elu_vit_flops((224, 224), 16, 192, 12, 3, 768) + head
@@ -52,8 +52,9 @@ def test_classification_distillation_config():
     from mmengine.config import Config
     from mmengine.registry import init_default_scope
     from mmpretrain.registry import MODELS
-    cfg = Config.fromfile(osp.join(REPO, 'configs/copy_mlp_distill_attn/'
-                                   'deit-t_elu_mlp-copy_distill-attn_cifar10-224.py'))
+    cfg = Config.fromfile(osp.join(
+        REPO, 'configs/copy_mlp_distill_attn/'
+        'copy-mlp-distill-attn_deit-t-elu_8xb64-300e_cifar10-224x224.py'))
     init_default_scope('mmpretrain')
     student = MODELS.build(cfg.model.student)
     assert row['params'] == sum(p.numel() for p in student.parameters())
@@ -62,7 +63,7 @@ def test_classification_distillation_config():
 def test_segmentation_config_and_shape_override():
     """The demo UPerNet: backbone share follows the closed form, --shape rescales it."""
     tool = _tool()
-    cfg = osp.join(REPO, 'configs/demo/upernet_vit-tiny-elu_toy-64x64.py')
+    cfg = osp.join(REPO, 'configs/demo/upernet_vit-tiny-elu_1xb8-200it_toy-64x64.py')
     row = tool.main([cfg])
     assert row['part'] == 'model' and row['input'] == (64, 64)
     backbone = _elu_vit_flops((64, 64), 8, 64, 4, 4, 128)

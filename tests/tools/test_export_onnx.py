@@ -16,9 +16,10 @@ pytest.importorskip('onnxruntime')
 pytest.importorskip('onnxscript')
 
 ROOT = Path(__file__).resolve().parents[2]
-STUDENT_SEG = 'configs/demo/upernet_vit-tiny-elu_toy-64x64.py'
-TEACHER_SEG = 'configs/demo/upernet_vit-tiny-softmax_toy-64x64.py'
-DISTILL_CLS = 'configs/copy_mlp_distill_attn/deit-t_elu_mlp-copy_distill-attn_cifar10-224.py'
+STUDENT_SEG = 'configs/demo/upernet_vit-tiny-elu_1xb8-200it_toy-64x64.py'
+TEACHER_SEG = 'configs/demo/upernet_vit-tiny-softmax_1xb8-300it_toy-64x64.py'
+DISTILL_CLS = ('configs/copy_mlp_distill_attn/'
+               'copy-mlp-distill-attn_deit-t-elu_8xb64-300e_cifar10-224x224.py')
 ADVENTURER_SEG = 'configs/linearizer/upernet_adventurer-b_8xb2-160k_ade20k-512x512.py'
 # `_delete_`: replace the base's size name instead of merging a dict into it.
 TINY_ADVENTURER = ["model.backbone.arch={'embed_dims': 64, 'num_layers': 4, '_delete_': True}",

@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-DEMO_STUDENT = osp.join(REPO, 'configs', 'demo', 'upernet_vit-tiny-elu_toy-64x64.py')
+DEMO_STUDENT = osp.join(REPO, 'configs', 'demo', 'upernet_vit-tiny-elu_1xb8-200it_toy-64x64.py')
 
 
 def _load_tool(name: str):

@@ -77,7 +77,7 @@ def test_mmengine_hub_reads_the_index_through_the_mmlinvit_scope():
     from mmengine.hub import get_config
 
     import mmlinvit.registry  # noqa: F401  (registers the scopes)
-    cfg = get_config('mmlinvit::demo/upernet_vit-tiny-elu_toy-64x64.py')
+    cfg = get_config('mmlinvit::demo/upernet_vit-tiny-elu_1xb8-200it_toy-64x64.py')
     assert cfg.model.backbone.type == 'mmlinvit.LinearVisionTransformer'
-    assert os.path.realpath(cfg.filename) == osp.join(REPO, 'configs', 'demo',
-                                                      'upernet_vit-tiny-elu_toy-64x64.py')
+    assert os.path.realpath(cfg.filename) == osp.join(
+        REPO, 'configs', 'demo', 'upernet_vit-tiny-elu_1xb8-200it_toy-64x64.py')

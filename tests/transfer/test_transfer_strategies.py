@@ -267,6 +267,37 @@ def test_unknown_strategy_lists_registered(teacher):
                                               'MLPCopy', 'FullCopy', 'Mimetic', 'Impulse'}
 
 
+def test_config_dict_names_strategy_with_type(teacher):
+    """``dict(type=..., **options)`` like every config part; ``strategy=`` fails naming ``type``."""
+    student = VisionTransformer(TINY, attn_cfg='elu', **COMMON)
+    report = transfer_weights(student, teacher, dict(type='mlp_copy'))
+    assert report.strategy == 'mlp_copy' and 'blocks.0.mlp.fc1.weight' in report.copied
+    with pytest.raises(ValueError, match=r'''names its strategy with "type".*'''
+                                         r'''dict\(type='mimetic', alpha=0.5\)'''):
+        transfer_weights(student, teacher, dict(strategy='mimetic', alpha=0.5))
+
+
+def test_distillation_model_weight_transfer_takes_type():
+    """The config key of DistillationModel: built at construction, ``strategy=`` refused."""
+    import mmlinvit.models  # noqa: F401  (registers mmlinvit's models)
+    from mmlinvit.registry import MODELS
+    arch = dict(embed_dims=32, num_layers=2, num_heads=2, mlp_hidden_dims=64)
+    common = dict(arch=arch, img_size=32, patch_size=8, out_type='raw')
+    cfg = dict(type='DistillationModel',
+               student=dict(type='VisionTransformer', attn_cfg='elu', **common),
+               teacher=dict(type='VisionTransformer', attn_cfg='softmax', **common),
+               weight_transfer=dict(type='full_copy'), check_input_size=(32, 32))
+    model = MODELS.build(cfg)
+    model.init_weights()
+    assert model.transfer_report.strategy == 'full_copy'
+    assert torch.equal(model.student.blocks[1].attn.qkv.weight,
+                       model.teacher.blocks[1].attn.qkv.weight)
+    with pytest.raises(ValueError, match=r'''dict\(type='full_copy'\)'''):
+        MODELS.build(dict(cfg, weight_transfer=dict(strategy='full_copy')))
+    with pytest.raises(KeyError, match='fullcopy'):  # unknown names fail at build time too
+        MODELS.build(dict(cfg, weight_transfer=dict(type='fullcopy')))
+
+
 @pytest.mark.parametrize('arch,message', [
     (dict(TINY, embed_dims=32), r'teacher embed_dims=64.*student embed_dims=32'),
     (dict(TINY, num_layers=3), r'num_layers=2.*student embed_dims=64, num_layers=3'),

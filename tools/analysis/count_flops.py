@@ -33,7 +33,6 @@ Example::
         --operators softmax elu inline
 """
 import argparse
-import json
 import os
 import sys
 from typing import Dict, List, Optional, Tuple
@@ -46,7 +45,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 from mmlinvit.analysis import (ANALYTIC_OPERATORS, FLOP_CONVENTION, analytic_vit_flops,  # noqa
                                count_flops)
 from mmlinvit.backbones import VIT_SIZES, VisionTransformer  # noqa: E402
-from mmlinvit.engine.preflight import CHECKPOINT_KEYS  # noqa: E402
+from mmlinvit.engine.launch import replace_sync_bn  # noqa: E402
+from mmlinvit.engine.preflight import clear_checkpoints  # noqa: E402
+from mmlinvit.utils.benchmarking import parse_size, size_label, write_json  # noqa: E402
 
 #: name -> (label, arch, family); patch size and prefix tokens come from the family.
 VIT_MODELS = {
@@ -56,19 +57,6 @@ VIT_MODELS = {
 DEFAULT_SIZES = ['224', '512', '512x1024', '1024x1024', '2048x2048']
 ADVENTURER_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), 'mmlinvit', 'backbones', 'adventurer.py')
-
-
-def parse_size(text: str) -> Tuple[int, int]:
-    """``'512'`` -> (512, 512); ``'512x1024'`` -> (512, 1024) (height x width)."""
-    parts = text.lower().split('x')
-    if len(parts) not in (1, 2) or not all(p.isdigit() for p in parts):
-        raise argparse.ArgumentTypeError(f'size {text!r} is not N or HxW (e.g. 512x1024)')
-    h = int(parts[0])
-    return (h, int(parts[-1]))
-
-
-def size_label(hw: Tuple[int, int]) -> str:
-    return f'{hw[0]}' if hw[0] == hw[1] else f'{hw[0]}x{hw[1]}'
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -157,35 +145,6 @@ def config_input_size(cfg: object) -> Tuple[int, int]:
                      'pass --shape H W')
 
 
-def _clear_checkpoints(node: object) -> None:
-    """Sets checkpoint paths and ``Pretrained`` init_cfgs to None: no weights are read."""
-    if isinstance(node, dict):
-        for key in list(node.keys()):
-            value = node[key]
-            if key in CHECKPOINT_KEYS and isinstance(value, str):
-                node[key] = None
-            elif key == 'init_cfg' and isinstance(value, dict) and \
-                    value.get('type') == 'Pretrained':
-                node[key] = None
-            else:
-                _clear_checkpoints(value)
-    elif isinstance(node, (list, tuple)):
-        for value in node:
-            _clear_checkpoints(value)
-
-
-def _sync_bn_to_bn(node: object) -> None:
-    """SyncBN cannot run outside a process group; BN counts the same (norms count 0)."""
-    if isinstance(node, dict):
-        if node.get('type') in ('SyncBN', 'MMSyncBN'):
-            node['type'] = 'BN'
-        for value in node.values():
-            _sync_bn_to_bn(value)
-    elif isinstance(node, (list, tuple)):
-        for value in node:
-            _sync_bn_to_bn(value)
-
-
 def deployed_model_config(cfg: object) -> Tuple[dict, str]:
     """The model config that is deployed and its name: the config's model or its student.
 
@@ -225,8 +184,8 @@ def count_config(cfg: object, shape: Optional[Tuple[int, int]] = None,
     init_default_scope(scope)
     hw = tuple(shape) if shape is not None else config_input_size(cfg)
     model_cfg, part = deployed_model_config(cfg)
-    _clear_checkpoints(model_cfg)
-    _sync_bn_to_bn(model_cfg)
+    clear_checkpoints(model_cfg)  # no weights are read
+    replace_sync_bn(model_cfg)  # SyncBN needs a process group; BN counts the same
     is_segmentor = 'decode_head' in model_cfg
     if is_segmentor:
         test_cfg = dict(model_cfg.get('test_cfg', None) or {})
@@ -271,9 +230,7 @@ def main_config(args: argparse.Namespace) -> Dict[str, object]:
           f'input {row["input"][0]}x{row["input"][1]}, device {args.device}')
     print(f'params   {row["params"] / 1e6:.2f} M ({row["params"]})')
     print(f'FLOPs    {row["flops"] / 1e9:.2f} G ({row["flops"]})')
-    if args.json_out:
-        with open(args.json_out, 'w') as f:
-            json.dump(row, f, indent=2)
+    write_json(row, args.json_out)
     return row
 
 
@@ -357,9 +314,7 @@ def main(argv: Optional[List[str]] = None) -> object:
                              counted=counted, tokens=tokens))
             print(f'{"Adv-B/16":<10}{size_label(hw):>10}{tokens:>8}{"mamba2":>10}'
                   f'{counted / 1e9:>13.1f}')
-    if args.json_out:
-        with open(args.json_out, 'w') as f:
-            json.dump(rows, f, indent=2)
+    write_json(rows, args.json_out)
     return rows
 
 

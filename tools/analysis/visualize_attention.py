@@ -43,6 +43,7 @@ from mmlinvit.analysis import (REAL_PHOTOS, activation_similarity_maps,  # noqa:
                                upsample_map)
 from mmlinvit.backbones import VisionTransformer  # noqa: E402
 from mmlinvit.converters import load_pretrained  # noqa: E402
+from mmlinvit.utils.benchmarking import parse_size  # noqa: E402
 
 ADVENTURER_FILE = os.path.join(ROOT, 'mmlinvit', 'backbones', 'adventurer.py')
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -55,14 +56,6 @@ MODELS = {
              'deit', dict(embed_dims=32, num_layers=2)),
 }
 TINY_ADVENTURER_MIXER = dict(d_state=16, headdim=16)
-
-
-def parse_size(text: str) -> Tuple[int, int]:
-    """``'224'`` -> (224, 224); ``'224x448'`` -> (224, 448) (height x width)."""
-    parts = text.lower().split('x')
-    if len(parts) not in (1, 2) or not all(p.isdigit() for p in parts):
-        raise argparse.ArgumentTypeError(f'size {text!r} is not N or HxW')
-    return int(parts[0]), int(parts[-1])
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:

@@ -6,14 +6,14 @@
 # The three axes are config keys:
 #   operator      model.student.backbone.attn_cfg     'elu' | 'relu' | 'inline' | 'mhla' | 'ttt'
 #                 (MHLA / TTT run as in the paper without a class token, with sin-cos positions
-#                 and average pooling, distilled on patch tokens only: use the *_mhla_* /
-#                 *_ttt_* configs, which set all of it; attn_cfg=mhla alone gets that backbone
+#                 and average pooling, distilled on patch tokens only: use the *-mhla_* /
+#                 *-ttt_* configs, which set all of it; attn_cfg=mhla alone gets that backbone
 #                 setting with a warning, and the build-time check then asks for
 #                 model.distill_losses.attn_out.loss.patch_tokens_only=True)
-#   init          model.weight_transfer.strategy      'random' | 'copy' | 'mlp_copy' | 'full_copy'
+#   init          model.weight_transfer.type          'random' | 'copy' | 'mlp_copy' | 'full_copy'
 #                                                     | 'mimetic' | 'impulse'
 #   distillation  model.distill_losses                keep, or None for "w/o distill"
-# e.g. --cfg-options model.student.backbone.attn_cfg=relu model.weight_transfer.strategy=full_copy
+# e.g. --cfg-options model.student.backbone.attn_cfg=relu model.weight_transfer.type=full_copy
 teacher_checkpoint = 'checkpoints/deit_base_patch16_224-b5f2ef4d.pth'
 model = dict(
     type='mmlinvit.DistillationModel',
@@ -41,7 +41,7 @@ model = dict(
         attn_cfg='softmax',
         out_type='cls_token',
         pretrained=teacher_checkpoint),
-    weight_transfer=dict(strategy='mlp_copy'),
+    weight_transfer=dict(type='mlp_copy'),
     student_recorders=dict(attn_out=dict(type='ModuleOutputs', source='backbone.blocks.{i}.attn')),
     teacher_recorders=dict(attn_out=dict(type='ModuleOutputs', source='blocks.{i}.attn')),
     distill_losses=dict(

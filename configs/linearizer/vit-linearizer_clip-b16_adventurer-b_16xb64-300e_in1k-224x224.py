@@ -19,7 +19,7 @@
 # teacher width.
 # The connector and the teacher are not part of the result: ExportStudentHook writes the
 # Adventurer alone to <work_dir>/student_backbone.pth, which the fine-tuning configs load
-# (adventurer-b_in1k-224_finetune.py, upernet_adventurer-b_*.py).
+# (linear-head_adventurer-b_16xb64-30e_in1k-224x224.py, upernet_adventurer-b_*.py).
 # Optimiser / schedule: mmlinvit's distillation defaults (distill_adamw_300e.py), not published
 # numbers.
 _base_ = [

@@ -1,7 +1,7 @@
 # The demo's softmax teacher: a tiny ViT (4 blocks, width 64, 8 px patches) with
 # Feature2Pyramid + UPerNet, trained from scratch on the toy scenes (tools/demo.py, step 2).
 _base_ = [
-    '../_base_/models/upernet_vit.py', './toy_scenes_64x64.py',
+    '../_base_/models/upernet_vit.py', '../_base_/datasets/toy_scenes_64x64.py',
     '../_base_/default_runtime_seg.py'
 ]
 crop_size = (64, 64)

@@ -5,7 +5,7 @@
 # attention outputs are compared on the patch tokens only.  The TTT parameters softmax
 # attention lacks keep the operator's own init (MLPCopy copies the MLPs; Mimetic / Impulse
 # do not apply to TTT, which has no q.k^T form).
-_base_ = './deit-t_elu_mlp-copy_distill-attn_cifar10-224.py'
+_base_ = './copy-mlp-distill-attn_deit-t-elu_8xb64-300e_cifar10-224x224.py'
 model = dict(
     student=dict(
         backbone=dict(

@@ -6,7 +6,8 @@ _base_ = [
     '../_base_/schedules/distill_adamw_10e.py',
     '../_base_/default_runtime_cls.py',
 ]
-stage1_checkpoint = 'work_dirs/vit-adala_stage1_attn-align_dinov2-l_coco-512/epoch_4.pth'
+stage1_checkpoint = ('work_dirs/vit-adala-stage1-attn-align_dinov2-l-elu_8xb8-4e_coco-512x512/'
+                     'epoch_4.pth')
 model = dict(
     # the student weights come from the Stage-1 checkpoint (load_from), not from DINOv2
     student=dict(pretrained=None),
@@ -22,5 +23,5 @@ load_from = stage1_checkpoint
 custom_hooks = [dict(type='mmlinvit.ExportStudentHook')]
 missing_path_hints = {
     'load_from': 'Run ViT-AdaLA Stage 1 first: python tools/train.py '
-                 'configs/adala/vit-adala_stage1_attn-align_dinov2-l_coco-512.py',
+                 'configs/adala/vit-adala-stage1-attn-align_dinov2-l-elu_8xb8-4e_coco-512x512.py',
 }

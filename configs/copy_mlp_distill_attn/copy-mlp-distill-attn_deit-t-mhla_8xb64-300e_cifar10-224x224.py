@@ -2,7 +2,7 @@
 # tokens on the 14 x 14 grid, learned block mixing, 5 x 5 depth-wise conv on V).  As in the
 # paper, the MHLA student has no class token (fixed sin-cos positions, average pooling), so the
 # attention outputs are compared on the patch tokens only.
-_base_ = './deit-t_elu_mlp-copy_distill-attn_cifar10-224.py'
+_base_ = './copy-mlp-distill-attn_deit-t-elu_8xb64-300e_cifar10-224x224.py'
 model = dict(
     student=dict(
         backbone=dict(

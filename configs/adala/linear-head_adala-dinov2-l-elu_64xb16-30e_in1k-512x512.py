@@ -1,25 +1,20 @@
 # ViT-AdaLA Stage 3 (classification): an mmpretrain ImageClassifier with a linear head on the
-# Stage-2 backbone, fine-tuned on ImageNet-1k at 512 x 512.  The backbone loads the student
-# weights Stage 2 exported (ExportStudentHook); a Stage-2 runner checkpoint works too (its
-# 'student.' prefix is stripped by mmlinvit.converters) once re-saved without training state.
+# Stage-2 backbone (configs/_base_/models/adala-dinov2-l-elu.py), fine-tuned on ImageNet-1k at
+# 512 x 512, 64 GPUs x 16 images (the 1024 images per step of finetune_adamw_30e.py).  The
+# backbone loads the student weights Stage 2 exported (ExportStudentHook); a Stage-2 runner
+# checkpoint works too (its 'student.' prefix is stripped by mmlinvit.converters) once
+# re-saved without training state.
 _base_ = [
     '../_base_/datasets/imagenet_bs64.py',
     '../_base_/schedules/finetune_adamw_30e.py',
     '../_base_/default_runtime_cls.py',
+    '../_base_/models/adala-dinov2-l-elu.py',
 ]
-stage2_checkpoint = ('work_dirs/vit-adala_stage2_feat-align_dinov2-l_in22k-512/'
-                     'student_backbone.pth')
+missing_path_hints = _base_.adala_missing_path_hints
 model = dict(
     type='ImageClassifier',
     backbone=dict(
-        type='mmlinvit.LinearVisionTransformer',
-        arch='l',
-        family='dinov2',
-        img_size=512,
-        attn_cfg='elu',
-        drop_path_rate=0.2,
-        out_type='cls_token',
-        pretrained=stage2_checkpoint),
+        _base_.adala_backbone, img_size=512, drop_path_rate=0.2, out_type='cls_token'),
     neck=None,
     head=dict(
         type='LinearClsHead',
@@ -43,7 +38,3 @@ test_pipeline = [
 train_dataloader = dict(batch_size=16, dataset=dict(pipeline=train_pipeline))
 val_dataloader = dict(batch_size=16, dataset=dict(pipeline=test_pipeline))
 test_dataloader = val_dataloader
-missing_path_hints = {
-    'model.backbone.pretrained': 'Run ViT-AdaLA Stage 2 first: python tools/train.py '
-                                 'configs/adala/vit-adala_stage2_feat-align_dinov2-l_in22k-512.py',
-}

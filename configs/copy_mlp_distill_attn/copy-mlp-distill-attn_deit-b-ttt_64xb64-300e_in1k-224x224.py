@@ -3,7 +3,7 @@
 # DeiT-B/16 softmax teacher, MLPCopy, LabelSmooth CE + 50 * per-block attention-output MSE.
 # As in the paper the student has no class token (fixed sin-cos positions, average pooling),
 # so the attention outputs are compared on the patch tokens only.
-_base_ = './deit-b_elu_mlp-copy_distill-attn_in1k-224.py'
+_base_ = './copy-mlp-distill-attn_deit-b-elu_64xb64-300e_in1k-224x224.py'
 model = dict(
     student=dict(
         backbone=dict(

@@ -1,10 +1,12 @@
 # ImageNet-1k fine-tuning of the ViT-Linearizer-distilled Adventurer-Base (mmpretrain
 # ImageClassifier, class token -> linear head), 224 x 224.
 # The backbone starts from the distilled student: <distill work_dir>/student_backbone.pth,
-# written by ExportStudentHook during adventurer-b_linearizer_clip-b16_in1k-224.py.  A runner
-# checkpoint of that run works too once its weights are re-saved without training state:
-#   python tools/model_converters/export_student.py \
-#       work_dirs/adventurer-b_linearizer_clip-b16_in1k-224/epoch_300.pth OUT.pth --trust-checkpoint
+# written by ExportStudentHook during
+# vit-linearizer_clip-b16_adventurer-b_16xb64-300e_in1k-224x224.py.  A runner checkpoint of
+# that run works too once its weights are re-saved without training state:
+#   python tools/model_converters/export_student.py --trust-checkpoint \
+#       work_dirs/vit-linearizer_clip-b16_adventurer-b_16xb64-300e_in1k-224x224/epoch_300.pth \
+#       OUT.pth
 # (Adventurer.init_weights also reads 'student.*' keys directly; the connector is dropped.)
 # The backbone is built without a mask token: the distilled one is dropped when loading (it is
 # only used by masked distillation).
@@ -15,12 +17,14 @@ _base_ = [
     '../_base_/schedules/finetune_adamw_30e.py',
     '../_base_/default_runtime_cls.py',
 ]
-distilled_checkpoint = 'work_dirs/adventurer-b_linearizer_clip-b16_in1k-224/student_backbone.pth'
+distilled_checkpoint = ('work_dirs/vit-linearizer_clip-b16_adventurer-b_16xb64-300e_in1k-224x224/'
+                        'student_backbone.pth')
 missing_path_hints = {
     'model.backbone.pretrained':
     'This is the ViT-Linearizer-distilled Adventurer-B. Produce it with python tools/train.py '
-    'configs/linearizer/adventurer-b_linearizer_clip-b16_in1k-224.py (ExportStudentHook writes '
-    'student_backbone.pth into its work dir), or pass one with --cfg-options '
+    'configs/linearizer/vit-linearizer_clip-b16_adventurer-b_16xb64-300e_in1k-224x224.py '
+    '(ExportStudentHook writes student_backbone.pth into its work dir), or pass one with '
+    '--cfg-options '
     'model.backbone.pretrained=PATH.',
 }
 model = dict(

@@ -2,7 +2,7 @@
 # linear attention in every block, initialised from the Stage-2 student checkpoint
 # (tools/demo.py sets `pretrained`), fine-tuned with UPerNet on the toy scenes with
 # layer-wise learning-rate decay.
-_base_ = ['./upernet_vit-tiny-softmax_toy-64x64.py']
+_base_ = ['./upernet_vit-tiny-softmax_1xb8-300it_toy-64x64.py']
 model = dict(
     backbone=dict(
         type='mmlinvit.LinearVisionTransformer',

@@ -1,7 +1,9 @@
 # ViT-AdaLA Stage 3, linear probe: the Stage-2 backbone stays frozen (blocks frozen, zero
 # learning rate and weight decay for every backbone parameter); only the linear head trains,
-# with SGD and a cosine schedule (as configs/_base_/schedules/linear_probe_sgd_100e.py).
-_base_ = './vit-adala_stage3_linear-head_dinov2-l_in1k-512.py'
+# with SGD (lr 0.1, momentum 0.9, no weight decay) and a cosine schedule over 100 epochs, set
+# below (replacing the fine-tuning schedule of the parent,
+# linear-head_adala-dinov2-l-elu_64xb16-30e_in1k-512x512.py).
+_base_ = './linear-head_adala-dinov2-l-elu_64xb16-30e_in1k-512x512.py'
 model = dict(
     backbone=dict(frozen_stages=24, drop_path_rate=0.0),
     head=dict(loss=dict(_delete_=True, type='CrossEntropyLoss', loss_weight=1.0)))

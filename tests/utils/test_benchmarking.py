@@ -1,0 +1,59 @@
+"""mmlinvit.utils.benchmarking: the one copy of the tools' size parsing, timing and error.
+
+The tools (count_flops, benchmark_*, visualize_attention, gpu_suite, benchmark_onnx) each
+carried their own ``parse_size`` / timing loop / ``rel_err`` before; these tests pin the shared
+behaviour against values written out here.
+"""
+import argparse
+import math
+import time
+
+import pytest
+import torch
+
+from mmlinvit.utils.benchmarking import (parse_size, rel_err, size_label, time_round_robin,
+                                         timed_calls)
+
+CPU = torch.device('cpu')
+
+
+@pytest.mark.parametrize('text,hw', [('512', (512, 512)), ('512x1024', (512, 1024)),
+                                     ('1024X2048', (1024, 2048))])
+def test_parse_size_and_label_round_trip(text, hw):
+    assert parse_size(text) == hw
+    assert parse_size(size_label(hw)) == hw
+    assert size_label(hw) == (str(hw[0]) if hw[0] == hw[1] else f'{hw[0]}x{hw[1]}')
+
+
+@pytest.mark.parametrize('text', ['', 'x', '512x', '5a', '1x2x3', '-4'])
+def test_parse_size_rejects_with_the_accepted_forms(text):
+    with pytest.raises(argparse.ArgumentTypeError, match=r'is not N or HxW \(e.g. 512x1024\)'):
+        parse_size(text)
+
+
+def test_rel_err_is_the_relative_frobenius_norm():
+    want = torch.tensor([[3.0, 0.0], [0.0, 4.0]])  # norm 5
+    got = want + torch.tensor([[0.0, 1.0], [0.0, 0.0]])  # error norm 1
+    assert rel_err(got, want) == pytest.approx(0.2)
+    assert rel_err(want.half(), want) == 0.0
+    assert rel_err(torch.ones(2), torch.zeros(2)) == pytest.approx(math.sqrt(2) / 1e-30)
+
+
+def test_round_robin_warms_up_interleaves_and_reduces():
+    calls = []
+    fns = {'a': lambda: calls.append('a'), 'b': lambda: calls.append('b')}
+    times = time_round_robin(fns, CPU, repeats=3, warmups=2)
+    assert calls == ['a', 'a', 'b', 'b'] + ['a', 'b'] * 3
+    assert set(times) == {'a', 'b'} and all(t >= 0 for t in times.values())
+    with pytest.raises(ValueError, match="stat must be one of \\['median', 'min'\\]"):
+        time_round_robin(fns, CPU, repeats=1, stat='mean')
+
+
+def test_timing_measures_milliseconds_and_keeps_the_budget():
+    sleepy = lambda: time.sleep(0.02)  # noqa: E731
+    times = timed_calls(sleepy, CPU, repeats=50, max_seconds=0.05)
+    assert 2 <= len(times) <= 5  # stops after the budget, at least one call
+    assert all(19.0 <= t < 200.0 for t in times)  # ms, not s
+    median = time_round_robin({'s': sleepy}, CPU, repeats=3, warmups=0)['s']
+    fastest = time_round_robin({'s': sleepy}, CPU, repeats=3, warmups=0, stat='min')['s']
+    assert 19.0 <= fastest <= median < 200.0
