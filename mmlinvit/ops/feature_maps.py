@@ -32,3 +32,17 @@ def get_feature_map(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
     if name not in FEATURE_MAPS:
         raise KeyError(f'Unknown feature map {name!r}; available: {sorted(FEATURE_MAPS)}')
     return FEATURE_MAPS[name]
+
+
+def hedgehog_feature(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Hedgehog's learnable map phi(x) = [softmax(x W), softmax(-x W)] in fp32.
+
+    Args:
+        x: Per-head tokens (B, H, N, d).
+        weight: Per-head projections W (H, d, F); broadcast over B.
+
+    Returns:
+        (B, H, N, 2F) positive features; each row sums to 2.
+    """
+    logits = torch.matmul(x.float(), weight.float())
+    return torch.cat([logits.softmax(-1), (-logits).softmax(-1)], dim=-1)

@@ -22,6 +22,12 @@ import torch
 
 _TRUE_VALUES = ('1', 'true', 'on', 'yes')
 
+#: Limits of every Triton kernel of the package (linear attention and SSD scan), kept here so
+#: that the dispatchers can read them without importing triton: the largest head dim (q/k/v
+#: head dims; SSD: head dim P and state size N) and the supported dtypes.
+KERNEL_MAX_HEAD_DIM = 128
+KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
 
 def triton_available() -> bool:
     """Whether the ``triton`` package is installed (checked without importing it)."""

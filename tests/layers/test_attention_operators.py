@@ -8,8 +8,8 @@ import torch
 
 from mmlinvit.backbones import LinearVisionTransformer, VisionTransformer
 from mmlinvit.layers.attention import ATTENTION_OPERATORS, build_attention_operator
-from mmlinvit.layers.attention.grid import depthwise_conv2d, depthwise_conv2d_reference
-from mmlinvit.layers.attention.mhla import block_centre_mixing, patch_block_index
+from mmlinvit.ops.mhla import block_centre_mixing, patch_block_index
+from mmlinvit.ops.patch_grid import depthwise_conv2d, depthwise_conv2d_reference
 
 C, HEADS = 32, 4  # head_dims 8
 

@@ -10,8 +10,11 @@ import pytest
 import torch
 
 from mmlinvit.ops.feature_maps import get_feature_map
+from torch.profiler import ProfilerActivity, profile
+
 from mmlinvit.ops.linear_attention import (BACKEND_ENV_VAR, inline_attention,
                                            inline_attention_torch, linear_attention,
+                                           linear_attention_chunked, linear_attention_graph,
                                            linear_attention_map_naive, linear_attention_naive,
                                            linear_attention_torch, select_backend)
 from mmlinvit.ops.linear_attention import dispatch
@@ -78,6 +81,137 @@ def test_relu_all_zero_features_stay_finite():
     out = linear_attention(torch.randn(1, 2, 5, 16), -torch.rand(1, 2, 7, 16), v[:, :, :7],
                            'relu')
     assert torch.isfinite(out).all()
+
+
+# ------------------------------------------------------------------------------------------
+# Chunked path (feature map fused, recomputed in backward) vs the O(N^2) reference
+# ------------------------------------------------------------------------------------------
+
+
+def _reference_grads(feature_map, q, k, v, grad):
+    """Output and q/k/v gradients of the naive map with the map applied by autograd."""
+    phi = get_feature_map(feature_map)
+    q0, k0, v0 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    qq, kk = (_positive_signed(q0), _positive_signed(k0)) if feature_map == 'identity' \
+        else (q0, k0)
+    out = linear_attention_naive(phi(qq), phi(kk), v0)
+    return (out, ) + torch.autograd.grad(out, (q0, k0, v0), grad.double())
+
+
+@pytest.mark.parametrize('feature_map', ['elu', 'relu', 'identity'])
+@pytest.mark.parametrize('n,m,d,e,chunk', [(1, 1, 24, 20, None), (37, 53, 24, 20, 8),
+                                           (64, 64, 24, 20, 64), (100, 31, 24, 20, 33),
+                                           (97, 130, 24, 20, 1), (100, 100, 16, 16, 33),
+                                           (61, 61, 16, 16, 1), (1030, 1030, 16, 16, None)])
+def test_chunked_forward_and_backward_match_naive(feature_map, n, m, d, e, chunk):
+    # Ragged token counts: chunks that do not divide N or M, N != M, one-token chunks; the
+    # N == M, d == e cases take the in-output forward (the output holds phi(K), then phi(Q)).
+    q, k, v = _qkv(n, m, d, e, batch=2, requires_grad=True)
+    grad = torch.randn(2, 2, n, e)
+    ref_out, *ref_grads = _reference_grads(feature_map, q, k, v, grad)
+    qq, kk = (_positive_signed(q), _positive_signed(k)) if feature_map == 'identity' else (q, k)
+    out = linear_attention_chunked(qq, kk, v, feature_map, chunk_size=chunk)
+    torch.testing.assert_close(out.double(), ref_out, atol=2e-6, rtol=1e-5)
+    grads = torch.autograd.grad(out, (q, k, v), grad)
+    for name, got, want in zip('qkv', grads, ref_grads):
+        torch.testing.assert_close(got.double(), want, atol=2e-6, rtol=1e-4, msg=name)
+
+
+def test_chunked_grads_of_a_subset_and_strided_half_inputs():
+    # Only v needs a gradient: q and k get none and the result is still exact.
+    q, k, v = _qkv(45, 45, 16, 8)
+    v.requires_grad_()
+    grad = torch.randn(1, 2, 45, 8)
+    (dv, ) = torch.autograd.grad(linear_attention_chunked(q, k, v, 'elu', chunk_size=10), (v, ),
+                                 grad)
+    phi = get_feature_map('elu')
+    v0 = v.detach().requires_grad_()
+    (ref, ) = torch.autograd.grad(linear_attention_naive(phi(q), phi(k), v0), (v0, ), grad)
+    torch.testing.assert_close(dv, ref, atol=1e-6, rtol=1e-5)
+    # fp32 views of a fused qkv tensor (in-output forward with V streamed in chunks).
+    qkv = torch.randn(2, 70, 3, 4, 16).requires_grad_()
+    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+    out = linear_attention_chunked(q, k, v, 'elu', chunk_size=16)
+    ref = linear_attention_naive(phi(q), phi(k), v)
+    torch.testing.assert_close(out, ref, atol=1e-6, rtol=1e-5)
+    grad_qkv = torch.randn(2, 4, 70, 16)
+    torch.testing.assert_close(torch.autograd.grad(out, qkv, grad_qkv)[0],
+                               torch.autograd.grad(ref, qkv, grad_qkv)[0], atol=1e-6,
+                               rtol=1e-4)
+    # bf16 views of a fused qkv tensor: fp32 math on the rounded inputs, grads in bf16.
+    qkv = torch.randn(2, 70, 3, 4, 16).bfloat16().requires_grad_()
+    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+    out = linear_attention_chunked(q, k, v, 'elu', chunk_size=16)
+    assert out.dtype == torch.bfloat16
+    ref = linear_attention_naive(phi(q.float()), phi(k.float()), v.float())
+    torch.testing.assert_close(out.float(), ref, atol=1e-2, rtol=1e-2)
+    (dqkv, ) = torch.autograd.grad(out.float().sum(), (qkv, ))
+    q32 = qkv.detach().float().requires_grad_()
+    q0, k0, v0 = q32.permute(2, 0, 3, 1, 4).unbind(0)
+    (ref_d, ) = torch.autograd.grad(linear_attention_naive(phi(q0), phi(k0), v0).sum(), (q32, ))
+    assert dqkv.dtype == torch.bfloat16
+    torch.testing.assert_close(dqkv.float(), ref_d, atol=3e-2, rtol=3e-2)
+
+
+def test_graph_form_matches_naive():
+    q, k, v = _qkv(33, 21, 16, 12)
+    for fm in ('elu', 'relu'):
+        phi = get_feature_map(fm)
+        torch.testing.assert_close(linear_attention_graph(q, k, v, fm),
+                                   linear_attention_naive(phi(q), phi(k), v), atol=1e-6,
+                                   rtol=1e-5)
+
+
+@pytest.mark.parametrize('form', ['chunked', 'graph'])
+def test_fp32_math_under_bf16_autocast(form):
+    # AMP must not turn the state / normaliser products into bf16 matmuls: under autocast the
+    # result equals the fp32 computation, and the backward runs (dtype-consistent in-place ops).
+    q, k, v = _qkv(300, 300, 32, 32, requires_grad=True)
+    fn = linear_attention_chunked if form == 'chunked' else linear_attention_graph
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        out = fn(q, k, v, 'elu')
+    phi = get_feature_map('elu')
+    ref = linear_attention_naive(phi(q), phi(k), v)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    grads = torch.autograd.grad(out.sum(), (q, k, v))
+    want = torch.autograd.grad(ref.sum(), (q, k, v))
+    for got, ref_grad in zip(grads, want):
+        torch.testing.assert_close(got, ref_grad, atol=1e-5, rtol=1e-4)
+
+
+def _peak_allocated_bytes(fn) -> int:
+    """Peak live bytes of the torch CPU allocator during ``fn``, from every alloc/free event."""
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    deltas = sorted((ev.start_ns(), ev.nbytes()) for ev in prof.profiler.kineto_results.events()
+                    if ev.name() == '[memory]')
+    live = peak = 0
+    for _, delta in deltas:
+        live += delta
+        peak = max(peak, live)
+    return peak
+
+
+def test_chunked_peak_memory_is_about_the_output():
+    # ViT-B heads at 4097 tokens: the output is 12 MiB.  Materialising phi(Q), phi(K) and the
+    # numerator (the previous path) peaked at 3x that; the chunked path adds chunk buffers only.
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 12, 4097, 64) for _ in range(3))
+    out_bytes = q.numel() * 4
+    with torch.no_grad():
+        peak = _peak_allocated_bytes(lambda: linear_attention(q, k, v, 'elu', backend='torch'))
+    assert out_bytes <= peak <= 1.15 * out_bytes, peak / out_bytes
+    # Training: forward + backward keeps the output and the three gradients, little else.
+    qg, kg, vg = (t.requires_grad_() for t in (q, k, v))
+    grad = torch.randn_like(q)
+
+    def fwd_bwd():
+        torch.autograd.grad(linear_attention(qg, kg, vg, 'elu', backend='torch'), (qg, kg, vg),
+                            grad)
+
+    peak = _peak_allocated_bytes(fwd_bwd)
+    assert peak <= 4.8 * out_bytes, peak / out_bytes  # SDPA's forward + backward: ~5.2x
 
 
 @pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])

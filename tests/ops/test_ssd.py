@@ -205,10 +205,11 @@ def test_dispatch_backends_and_errors():
     torch.testing.assert_close(ssd_scan(*args, chunk_size=4), ssd_scan_chunked(*args,
                                                                                chunk_size=4))
     torch.testing.assert_close(ssd_scan(*args, backend='naive'), ssd_scan_naive(*args))
-    with pytest.raises(KeyError, match='available'):
+    # Same exception types as ops.linear_attention for the same mistakes.
+    with pytest.raises(ValueError, match='available'):
         ssd_scan(*args, backend='cuda')
     if not triton_kernel_available():
-        with pytest.raises(NotImplementedError, match='triton_kernel'):
+        with pytest.raises(RuntimeError, match='triton_kernel'):
             ssd_scan(*args, backend='triton')
     x, dt, A, B, C, D = args
     with pytest.raises(ValueError, match='multiple of the number of B/C groups'):

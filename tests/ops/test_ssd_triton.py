@@ -242,7 +242,7 @@ def test_dispatch_env_switch_and_log_once(monkeypatch, interpreter_env):
         monkeypatch.delenv(SSD_BACKEND_ENV_VAR)
         assert select_ssd_backend(*args) == expected_auto
         monkeypatch.setenv(SSD_BACKEND_ENV_VAR, 'cuda')
-        with pytest.raises(KeyError, match='available'):
+        with pytest.raises(ValueError, match='available'):
             ssd_scan(*args)
     for out in outs + [forced]:
         torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)

@@ -17,6 +17,7 @@ from typing import Any, Mapping, Optional, Tuple
 import torch
 import torch.nn as nn
 
+from mmlinvit.ops.linear_attention.dispatch import BACKEND_ENV_VAR, BACKENDS
 from mmlinvit.utils import NameRegistry
 
 ATTENTION_OPERATORS = NameRegistry('attention operator')
@@ -26,6 +27,32 @@ ATTENTION_OPERATORS = NameRegistry('attention operator')
 NO_CLS_SINCOS_AVG_POOL: Mapping[str, Tuple[Any, ...]] = MappingProxyType(
     dict(with_cls_token=(False, ), pos_embed_type=('sincos', ),
          out_type=('avg_featmap', 'featmap', 'raw')))
+
+
+#: Values of the ``backend`` option of the operators with a kernel path (``elu``, ``relu``,
+#: ``hedgehog``, ``inline``); ``None`` defers to the environment variable.
+KERNEL_BACKEND_CHOICES: Tuple[Optional[str], ...] = (None, 'auto') + tuple(BACKENDS)
+
+
+def check_kernel_backend(op_name: str, backend: Optional[str]) -> Optional[str]:
+    """Validates an operator's ``backend`` option at build time and returns it.
+
+    Precedence at call time (see :mod:`mmlinvit.ops.linear_attention.dispatch`): a ``backend``
+    given here (``'torch'``, ``'triton'`` or ``'auto'``) > the environment variable
+    ``MMLINVIT_LINEAR_ATTN_BACKEND`` (only read when ``backend=None``) > auto.
+
+    Args:
+        op_name: Operator name used in the error message.
+        backend: ``None``, ``'auto'``, ``'torch'`` or ``'triton'``.
+
+    Raises:
+        ValueError: If ``backend`` is not one of these.
+    """
+    if backend not in KERNEL_BACKEND_CHOICES:
+        raise ValueError(f'Unknown backend {backend!r} for the {op_name!r} attention operator; '
+                         f'valid: {list(KERNEL_BACKEND_CHOICES)} (None defers to '
+                         f'{BACKEND_ENV_VAR}, then auto)')
+    return backend
 
 
 class AttentionOperator(nn.Module):

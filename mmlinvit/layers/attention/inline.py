@@ -8,7 +8,10 @@ With s = head_dims ** -0.5 and the identity feature map (InLine's choice for Dei
 Each row of A sums to exactly 1 (the subtracted term removes the row mean of the bilinear
 scores and adds back a uniform 1/N), but entries may be negative: the map is signed.  All tokens,
 prefix tokens included, attend to each other.  The O(N) path is
-:func:`mmlinvit.ops.linear_attention.inline_attention` (fp32 accumulation).
+:func:`mmlinvit.ops.linear_attention.inline_attention` (fp32 accumulation); the O(N^2) map is
+:func:`mmlinvit.ops.inline.inline_attention_map`.  ``backend`` picks the kernel backend, with
+the precedence: the config's ``backend`` > ``MMLINVIT_LINEAR_ATTN_BACKEND`` (read only when
+``backend=None``) > auto.
 
 Local residual (``local_residual=True``, off in the seed-000 recipe): InLine adds a local
 attention residual on the patch grid, a depthwise 3 x 3 convolution of V whose kernel is
@@ -29,10 +32,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from mmlinvit.ops.inline import inline_attention_map
 from mmlinvit.ops.linear_attention import inline_attention
-from .base import ATTENTION_OPERATORS, AttentionOperator
-from .grid import (check_patch_grid, depthwise_conv2d, depthwise_conv2d_reference,
-                   grid_to_heads, heads_to_grid)
+from mmlinvit.ops.patch_grid import (check_patch_grid, depthwise_conv2d,
+                                     depthwise_conv2d_reference, grid_to_heads, heads_to_grid)
+from .base import ATTENTION_OPERATORS, AttentionOperator, check_kernel_backend
 
 
 @ATTENTION_OPERATORS.register_module('inline')
@@ -44,6 +48,8 @@ class InLineAttention(AttentionOperator):
         num_heads: Number of heads.
         local_residual: Add InLine's input-conditioned 3 x 3 depthwise local branch on V
             (needs ``hw_shape``); parameters ``local_kernel_generator.{0,2}``.
+        backend: Kernel backend of the attention term, ``None`` (environment variable, then
+            auto), ``'auto'``, ``'torch'`` or ``'triton'``.
         **kwargs: Base :class:`AttentionOperator` options.
     """
 
@@ -51,8 +57,10 @@ class InLineAttention(AttentionOperator):
                  embed_dims: int,
                  num_heads: int,
                  local_residual: bool = False,
+                 backend: Optional[str] = None,
                  **kwargs) -> None:
         super().__init__(embed_dims, num_heads, **kwargs)
+        self.backend = check_kernel_backend('inline', backend)
         self.local_residual = local_residual
         self.local_kernel_size = 3
         if local_residual:
@@ -100,7 +108,7 @@ class InLineAttention(AttentionOperator):
     def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             hw_shape: Optional[Tuple[int, int]], num_prefix_tokens: int) -> torch.Tensor:
         """The InLine attention term only (the local residual needs ``x``, see forward)."""
-        return inline_attention(q, k, v, self.scale)
+        return inline_attention(q, k, v, self.scale, backend=self.backend)
 
     def forward(self,
                 x: torch.Tensor,
@@ -119,10 +127,7 @@ class InLineAttention(AttentionOperator):
                       num_prefix_tokens: int = 0) -> torch.Tensor:
         """The signed InLine map (B, H, N, N) of the attention term; rows sum to 1."""
         q, k, _ = self.split_qkv(x)
-        q32, k32 = q.float(), k.float()
-        n = k32.shape[-2]
-        bilinear = self.scale * (q32 @ k32.transpose(-2, -1))  # (B, H, N, N)
-        return (bilinear - bilinear.mean(dim=-1, keepdim=True) + 1.0) / n
+        return inline_attention_map(q, k, self.scale)
 
     def forward_reference(self,
                           x: torch.Tensor,
@@ -136,4 +141,5 @@ class InLineAttention(AttentionOperator):
         return self.project(out.to(v.dtype))
 
     def extra_repr(self) -> str:
-        return f'{super().extra_repr()}, local_residual={self.local_residual}'
+        return (f'{super().extra_repr()}, local_residual={self.local_residual}, '
+                f'backend={self.backend}')

@@ -11,29 +11,32 @@ normaliser is >= 0 and the ``eps`` keeps it > 0, so there is never a division by
 whose ReLU features are all zero gets an all-zero output row.
 
 The ``identity`` map is signed, so ``phi(q_i) z`` can be ~0 or negative.  Its operator uses the
-sign-preserving normaliser :func:`signed_safe_denominator` (``|den| >= eps`` always), which is
+sign-preserving normaliser :func:`mmlinvit.ops.signed_normaliser.signed_safe_denominator`
+(``|den| >= eps`` always; maths in :mod:`mmlinvit.ops.identity_attention`), which is
 finite but can still make rows huge where ``q_i . mean(k)`` ~ 0; InLine's subtractive
 normalisation (:mod:`.inline`) is the stable way to use the identity map.
+
+Kernel backend: ``elu``, ``relu`` and ``hedgehog`` take ``backend`` (``'torch'``, ``'triton'``,
+``'auto'`` or ``None``, e.g. ``attn_cfg=dict(type='elu', backend='torch')``).  Precedence: the
+``backend`` given in the config > the environment variable ``MMLINVIT_LINEAR_ATTN_BACKEND``
+(read only when ``backend=None``, the default) > auto (Triton for supported CUDA inputs, else
+torch).  An unknown value raises ``ValueError`` at build time.
 """
 from typing import Optional, Tuple
 
 import torch
 import torch.nn as nn
 
-from mmlinvit.ops.feature_maps import get_feature_map
+from mmlinvit.ops.feature_maps import get_feature_map, hedgehog_feature
+from mmlinvit.ops.identity_attention import (identity_linear_attention,
+                                             identity_linear_attention_map)
 from mmlinvit.ops.linear_attention import linear_attention, linear_attention_map_naive
-from .base import ATTENTION_OPERATORS, AttentionOperator
+from .base import ATTENTION_OPERATORS, AttentionOperator, check_kernel_backend
 
-
-def signed_safe_denominator(den: torch.Tensor, eps: float) -> torch.Tensor:
-    """``den + eps * sign(den)`` with ``sign(0) = +1``: equals ``den + eps`` for ``den >= 0``
-    and never has magnitude below ``eps``, whatever the sign of ``den``.
-
-    Args:
-        den: Normaliser values.
-        eps: Minimum magnitude.
-    """
-    return torch.where(den >= 0, den + eps, den - eps)
+__all__ = [
+    'KernelLinearAttention', 'ELULinearAttention', 'ReLULinearAttention',
+    'HedgehogLinearAttention', 'IdentityLinearAttention'
+]
 
 
 class KernelLinearAttention(AttentionOperator):
@@ -47,6 +50,8 @@ class KernelLinearAttention(AttentionOperator):
         num_heads: Number of heads.
         feature_map: ``'elu'`` (ELU + 1) or ``'relu'``.
         eps: Normaliser epsilon (on the 1/N-scaled normaliser, see the module docstring).
+        backend: Kernel backend, ``None`` (environment variable, then auto), ``'auto'``,
+            ``'torch'`` or ``'triton'``; see the module docstring for the precedence.
         **kwargs: ``qkv_bias``, ``proj_bias``, ``attn_drop``, ``proj_drop`` of
             :class:`AttentionOperator`.
     """
@@ -56,8 +61,10 @@ class KernelLinearAttention(AttentionOperator):
                  num_heads: int,
                  feature_map: str = 'elu',
                  eps: float = 1e-6,
+                 backend: Optional[str] = None,
                  **kwargs) -> None:
         super().__init__(embed_dims, num_heads, **kwargs)
+        self.backend = check_kernel_backend(feature_map, backend)
         if feature_map not in ('elu', 'relu'):
             raise ValueError(f"KernelLinearAttention needs a positive feature map, 'elu' or "
                              f"'relu', got {feature_map!r}; use the 'identity' or 'hedgehog' "
@@ -67,7 +74,8 @@ class KernelLinearAttention(AttentionOperator):
 
     def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             hw_shape: Optional[Tuple[int, int]], num_prefix_tokens: int) -> torch.Tensor:
-        return linear_attention(q, k, v, feature_map=self.feature_map, eps=self.eps)
+        return linear_attention(q, k, v, feature_map=self.feature_map, eps=self.eps,
+                                backend=self.backend)
 
     def attention_map(self,
                       x: torch.Tensor,
@@ -78,7 +86,8 @@ class KernelLinearAttention(AttentionOperator):
         return linear_attention_map_naive(phi(q.float()), phi(k.float()), self.eps)
 
     def extra_repr(self) -> str:
-        return f'{super().extra_repr()}, feature_map={self.feature_map}, eps={self.eps}'
+        return (f'{super().extra_repr()}, feature_map={self.feature_map}, eps={self.eps}, '
+                f'backend={self.backend}')
 
 
 @ATTENTION_OPERATORS.register_module('elu')
@@ -89,11 +98,18 @@ class ELULinearAttention(KernelLinearAttention):
         embed_dims: Token width C.
         num_heads: Number of heads.
         eps: Normaliser epsilon.
+        backend: Kernel backend (see :class:`KernelLinearAttention`).
         **kwargs: Base :class:`AttentionOperator` options.
     """
 
-    def __init__(self, embed_dims: int, num_heads: int, eps: float = 1e-6, **kwargs) -> None:
-        super().__init__(embed_dims, num_heads, feature_map='elu', eps=eps, **kwargs)
+    def __init__(self,
+                 embed_dims: int,
+                 num_heads: int,
+                 eps: float = 1e-6,
+                 backend: Optional[str] = None,
+                 **kwargs) -> None:
+        super().__init__(embed_dims, num_heads, feature_map='elu', eps=eps, backend=backend,
+                         **kwargs)
 
 
 @ATTENTION_OPERATORS.register_module('relu')
@@ -104,11 +120,18 @@ class ReLULinearAttention(KernelLinearAttention):
         embed_dims: Token width C.
         num_heads: Number of heads.
         eps: Normaliser epsilon.
+        backend: Kernel backend (see :class:`KernelLinearAttention`).
         **kwargs: Base :class:`AttentionOperator` options.
     """
 
-    def __init__(self, embed_dims: int, num_heads: int, eps: float = 1e-6, **kwargs) -> None:
-        super().__init__(embed_dims, num_heads, feature_map='relu', eps=eps, **kwargs)
+    def __init__(self,
+                 embed_dims: int,
+                 num_heads: int,
+                 eps: float = 1e-6,
+                 backend: Optional[str] = None,
+                 **kwargs) -> None:
+        super().__init__(embed_dims, num_heads, feature_map='relu', eps=eps, backend=backend,
+                         **kwargs)
 
 
 @ATTENTION_OPERATORS.register_module('hedgehog')
@@ -132,6 +155,7 @@ class HedgehogLinearAttention(AttentionOperator):
         feature_dims: Features per softmax half (phi has twice as many).
         share_feature_map: Use one map for queries and keys.
         eps: Normaliser epsilon.
+        backend: Kernel backend (see :class:`KernelLinearAttention`).
         **kwargs: Base :class:`AttentionOperator` options.
     """
 
@@ -141,8 +165,10 @@ class HedgehogLinearAttention(AttentionOperator):
                  feature_dims: int = 64,
                  share_feature_map: bool = False,
                  eps: float = 1e-6,
+                 backend: Optional[str] = None,
                  **kwargs) -> None:
         super().__init__(embed_dims, num_heads, **kwargs)
+        self.backend = check_kernel_backend('hedgehog', backend)
         if feature_dims < 1:
             raise ValueError(f'feature_dims must be >= 1, got {feature_dims}')
         self.feature_dims = feature_dims
@@ -161,21 +187,17 @@ class HedgehogLinearAttention(AttentionOperator):
                 if p is not None:
                     p.copy_(eye.expand_as(p))
 
-    def _phi(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """(B, H, N, d) -> (B, H, N, 2F) in fp32."""
-        logits = torch.matmul(x.float(), weight.float())  # (H, d, F) broadcasts over B
-        return torch.cat([logits.softmax(-1), (-logits).softmax(-1)], dim=-1)
-
     def feature_maps(self, q: torch.Tensor,
                      k: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """phi(q), phi(k) of per-head queries and keys, fp32 (B, H, N, 2 * feature_dims)."""
         weight_k = self.feature_q if self.feature_k is None else self.feature_k
-        return self._phi(q, self.feature_q), self._phi(k, weight_k)
+        return hedgehog_feature(q, self.feature_q), hedgehog_feature(k, weight_k)
 
     def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             hw_shape: Optional[Tuple[int, int]], num_prefix_tokens: int) -> torch.Tensor:
         phi_q, phi_k = self.feature_maps(q, k)
-        return linear_attention(phi_q, phi_k, v, feature_map='identity', eps=self.eps)
+        return linear_attention(phi_q, phi_k, v, feature_map='identity', eps=self.eps,
+                                backend=self.backend)
 
     def attention_map(self,
                       x: torch.Tensor,
@@ -187,7 +209,7 @@ class HedgehogLinearAttention(AttentionOperator):
 
     def extra_repr(self) -> str:
         return (f'{super().extra_repr()}, feature_dims={self.feature_dims}, '
-                f'share_feature_map={self.share_feature_map}')
+                f'share_feature_map={self.share_feature_map}, backend={self.backend}')
 
 
 @ATTENTION_OPERATORS.register_module('identity')
@@ -195,7 +217,8 @@ class IdentityLinearAttention(AttentionOperator):
     """Linear attention with the identity feature map and a sign-safe normaliser.
 
     out_i = q_i S / safe(q_i . kbar), S = K^T V / N, kbar = mean(K), where ``safe`` is
-    :func:`signed_safe_denominator` (never divides by zero).  The map is signed and its rows
+    :func:`~mmlinvit.ops.signed_normaliser.signed_safe_denominator` (never divides by zero;
+    maths in :mod:`mmlinvit.ops.identity_attention`).  The map is signed and its rows
     sum to ``den / safe(den)`` ~ 1, but they are unbounded when ``q_i . kbar`` ~ 0: use it only
     where an operator needs the raw identity map (analysis, ablations); InLine is the
     well-conditioned identity-map operator.
@@ -213,20 +236,14 @@ class IdentityLinearAttention(AttentionOperator):
 
     def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             hw_shape: Optional[Tuple[int, int]], num_prefix_tokens: int) -> torch.Tensor:
-        q32, k32, v32 = q.float(), k.float(), v.float()
-        kv = torch.matmul(k32.transpose(-2, -1), v32).div_(k32.shape[-2])  # (B, H, d, e)
-        den = torch.matmul(q32, k32.mean(dim=-2).unsqueeze(-1))  # (B, H, N, 1)
-        return (torch.matmul(q32, kv) / signed_safe_denominator(den, self.eps)).to(v.dtype)
+        return identity_linear_attention(q, k, v, self.eps)
 
     def attention_map(self,
                       x: torch.Tensor,
                       hw_shape: Optional[Tuple[int, int]] = None,
                       num_prefix_tokens: int = 0) -> torch.Tensor:
         q, k, _ = self.split_qkv(x)
-        scores = q.float() @ k.float().transpose(-2, -1)
-        n = scores.shape[-1]
-        den = scores.sum(-1, keepdim=True) / n
-        return scores / (n * signed_safe_denominator(den, self.eps))
+        return identity_linear_attention_map(q, k, self.eps)
 
     def extra_repr(self) -> str:
         return f'{super().extra_repr()}, eps={self.eps}'

@@ -16,8 +16,8 @@ i.e. the implied map A_ij = m_{a(i), b(j)} phi(q_i).phi(k_j) / sum_l m_{a(i), b(
 phi(q_i).phi(k_l) whose rows sum to 1.  (The public MHLA code mixes the per-query normalisers
 across blocks instead, so its rows do not sum to 1; this module applies the mixing to z_b, the
 same matrix as for KV_b.)  The normaliser uses
-:func:`~.kernel_linear.signed_safe_denominator`, so a learned m with negative entries can never
-divide by zero.
+:func:`mmlinvit.ops.signed_normaliser.signed_safe_denominator`, so a learned m with negative
+entries can never divide by zero.
 
 ``block_mixing`` is shared by all heads by default (as the public code's single 1 x 1 conv),
 or one matrix per head with ``per_head_mixing=True``.  Init (``mixing_init``): block centres
@@ -29,7 +29,8 @@ c_a = (row + 0.5, col + 0.5) in block units, d_ab = |c_a - c_b|, and
   m_ab = cos(d_ab / max(d) * pi / 4), each column b divided by its sum.  Flatter: on the 2 x 2
   grid the own block gets 0.29 (``'softmax'``: 0.51).
 
-m is then learned freely.
+m is then learned freely.  The maths (summaries, mixing, normaliser, implied map) is in
+:mod:`mmlinvit.ops.mhla`; this layer owns m, the feature map and the local branch.
 
 Prefix tokens (class / register; seed-000 MHLA models have none, but they are supported):
 prefix keys form a global group mixed into every block's summary with weight 1 (not learned),
@@ -40,77 +41,24 @@ Local branch: a 5 x 5 depthwise convolution (with bias) of V on the patch grid, 
 attention output before ``proj`` (zero for prefix tokens).  Its weight is named
 ``local_conv.weight`` (C, 1, 5, 5) and keeps PyTorch's default Conv2d init, as the public code.
 """
-import math
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
 
 from mmlinvit.ops.feature_maps import get_feature_map
+from mmlinvit.ops.mhla import (block_centre_mixing, block_centre_mixing_cos, mhla_attention,
+                               mhla_attention_map, mhla_token_mixing_weights, patch_block_index,
+                               token_block_index)
+from mmlinvit.ops.patch_grid import (check_patch_grid, depthwise_conv2d,
+                                     depthwise_conv2d_reference, grid_to_heads, heads_to_grid)
 from .base import ATTENTION_OPERATORS, NO_CLS_SINCOS_AVG_POOL, AttentionOperator
-from .grid import (check_patch_grid, depthwise_conv2d, depthwise_conv2d_reference,
-                   grid_to_heads, heads_to_grid)
-from .kernel_linear import signed_safe_denominator
 
 #: Block-mixing inits (see the module docstring).
 MIXING_INITS = ('softmax', 'cos')
 
-
-def block_centre_mixing(block_grid: Tuple[int, int], tau: float = 1.0) -> torch.Tensor:
-    """Row-stochastic init of the block-mixing matrix: ``softmax_b(-|c_a - c_b| / tau)``.
-
-    Args:
-        block_grid: (gh, gw) blocks per side.
-        tau: Distance temperature in block units (smaller: more local).
-
-    Returns:
-        (gh * gw, gh * gw) float32 matrix with rows summing to 1.
-    """
-    gh, gw = block_grid
-    rows, cols = torch.meshgrid(torch.arange(gh, dtype=torch.float32) + 0.5,
-                                torch.arange(gw, dtype=torch.float32) + 0.5, indexing='ij')
-    centres = torch.stack([rows.flatten(), cols.flatten()], dim=-1)
-    dist = torch.cdist(centres, centres)
-    return (-dist / tau).softmax(dim=-1)
-
-
-def block_centre_mixing_cos(block_grid: Tuple[int, int]) -> torch.Tensor:
-    """The public MHLA code's init: ``cos(d_ab / max(d) * pi / 4)``, columns summing to 1.
-
-    Args:
-        block_grid: (gh, gw) blocks per side.
-
-    Returns:
-        (gh * gw, gh * gw) float32 matrix (all ones on a 1 x 1 grid).
-    """
-    gh, gw = block_grid
-    rows, cols = torch.meshgrid(torch.arange(gh, dtype=torch.float32) + 0.5,
-                                torch.arange(gw, dtype=torch.float32) + 0.5, indexing='ij')
-    centres = torch.stack([rows.flatten(), cols.flatten()], dim=-1)
-    dist = torch.cdist(centres, centres)
-    max_dist = float(dist.max())
-    mat = torch.cos(dist / max_dist * math.pi / 4) if max_dist > 0 else torch.ones_like(dist)
-    return mat / mat.sum(dim=0, keepdim=True)
-
-
-def patch_block_index(hw_shape: Tuple[int, int], block_grid: Tuple[int, int],
-                      device: Optional[torch.device] = None) -> torch.Tensor:
-    """Block id (row-major over ``block_grid``) of every patch in raster order, (h * w,).
-
-    Args:
-        hw_shape: (h, w) patch grid.
-        block_grid: (gh, gw) blocks per side; edges at ``floor(i * h / gh)``.
-        device: Device of the result.
-    """
-    h, w = hw_shape
-    gh, gw = block_grid
-    # The block of row y is the largest i with floor(i * h / gh) <= y, i.e.
-    # floor((y * gh + gh - 1) / h), capped to gh - 1; exact integer arithmetic.
-    y = torch.arange(h, device=device)
-    x = torch.arange(w, device=device)
-    row_block = torch.clamp((y * gh + gh - 1) // h, max=gh - 1)
-    col_block = torch.clamp((x * gw + gw - 1) // w, max=gw - 1)
-    return (row_block[:, None] * gw + col_block[None, :]).flatten()
+__all__ = ['MultiHeadLinearAttention', 'MIXING_INITS', 'block_centre_mixing',
+           'block_centre_mixing_cos', 'patch_block_index']
 
 
 @ATTENTION_OPERATORS.register_module('mhla')
@@ -198,9 +146,7 @@ class MultiHeadLinearAttention(AttentionOperator):
                           num_prefix_tokens: int, device: torch.device) -> torch.Tensor:
         """Block id of every token, (N,), with -1 for prefix tokens."""
         hw = check_patch_grid('mhla', num_tokens, hw_shape, num_prefix_tokens)
-        block = patch_block_index(hw, self.block_grid, device)
-        prefix = torch.full((num_prefix_tokens, ), -1, dtype=block.dtype, device=device)
-        return torch.cat([prefix, block])
+        return token_block_index(hw, self.block_grid, num_prefix_tokens, device)
 
     def local_branch(self, v: torch.Tensor, hw_shape: Tuple[int, int], num_prefix_tokens: int,
                      reference: bool = False) -> torch.Tensor:
@@ -215,50 +161,17 @@ class MultiHeadLinearAttention(AttentionOperator):
     def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             hw_shape: Optional[Tuple[int, int]], num_prefix_tokens: int) -> torch.Tensor:
         """O(N) block-mixed linear attention plus the local branch, (B, H, N, d)."""
-        n = k.shape[-2]
-        block_of = self.token_block_index(n, hw_shape, num_prefix_tokens, k.device)
-        phi_q, phi_k = self._phi(q), self._phi(k)
-        v32 = v.float()
-        ones = torch.ones(v32.shape[:-1] + (1, ), dtype=v32.dtype, device=v32.device)
-        v_aug = torch.cat([v32, ones], dim=-1)  # (B, H, N, e + 1): numerator and normaliser
-
-        p = num_prefix_tokens
-        block_tokens: List[torch.Tensor] = [
-            torch.nonzero(block_of == b).flatten() for b in range(self.num_blocks)
-        ]
-        # Per-block summaries (B, H, nb, d, e + 1) and the prefix group's summary.
-        kv_blocks = torch.stack([
-            torch.matmul(phi_k[:, :, idx].transpose(-2, -1), v_aug[:, :, idx])
-            for idx in block_tokens
-        ], dim=2).div_(n)
-        kv_prefix = torch.matmul(phi_k[:, :, :p].transpose(-2, -1), v_aug[:, :, :p]).div_(n)
-        z, h, nb, d, e1 = kv_blocks.shape
-        mixed = torch.matmul(self._mixing(), kv_blocks.reshape(z, h, nb, d * e1))
-        mixed = mixed.reshape(z, h, nb, d, e1) + kv_prefix.unsqueeze(2)
-
-        outs = [torch.matmul(phi_q[:, :, :p], kv_blocks.sum(dim=2) + kv_prefix)]
-        outs += [
-            torch.matmul(phi_q[:, :, idx], mixed[:, :, a])
-            for a, idx in enumerate(block_tokens)
-        ]
-        order = torch.cat([torch.arange(p, device=k.device)] + block_tokens)
-        out = torch.cat(outs, dim=2)[:, :, torch.argsort(order)]
-        num, den = out[..., :-1], out[..., -1:]
-        out = num / signed_safe_denominator(den, self.eps)
+        block_of = self.token_block_index(k.shape[-2], hw_shape, num_prefix_tokens, k.device)
+        out = mhla_attention(self._phi(q), self._phi(k), v, block_of, self._mixing(), self.eps)
         if self.local_conv is not None:
-            out = out + self.local_branch(v, tuple(hw_shape), p)
+            out = out + self.local_branch(v, tuple(hw_shape), num_prefix_tokens)
         return out.to(v.dtype)
 
     def token_mixing_weights(self, num_tokens: int, hw_shape: Optional[Tuple[int, int]],
                              num_prefix_tokens: int, device: torch.device) -> torch.Tensor:
         """The (H or 1, N, N) weights m_{a(i), b(j)} (1 where a prefix token is involved)."""
         block_of = self.token_block_index(num_tokens, hw_shape, num_prefix_tokens, device)
-        idx = block_of.clamp(min=0)
-        m = self._mixing()
-        weights = m[:, idx][:, :, idx]
-        is_prefix = block_of < 0
-        prefix_pair = is_prefix[:, None] | is_prefix[None, :]
-        return torch.where(prefix_pair, torch.ones_like(weights), weights)
+        return mhla_token_mixing_weights(block_of, self._mixing())
 
     def attention_map(self,
                       x: torch.Tensor,
@@ -266,11 +179,8 @@ class MultiHeadLinearAttention(AttentionOperator):
                       num_prefix_tokens: int = 0) -> torch.Tensor:
         """The implied (B, H, N, N) map of the attention term (without the local branch)."""
         q, k, _ = self.split_qkv(x)
-        n = k.shape[-2]
-        weights = self.token_mixing_weights(n, hw_shape, num_prefix_tokens, x.device)
-        scores = weights * (self._phi(q) @ self._phi(k).transpose(-2, -1))
-        den = scores.sum(dim=-1, keepdim=True) / n
-        return scores / (n * signed_safe_denominator(den, self.eps))
+        block_of = self.token_block_index(k.shape[-2], hw_shape, num_prefix_tokens, x.device)
+        return mhla_attention_map(self._phi(q), self._phi(k), block_of, self._mixing(), self.eps)
 
     def forward_reference(self,
                           x: torch.Tensor,

@@ -45,9 +45,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from mmlinvit.ops.patch_grid import check_patch_grid
 from mmlinvit.ops.ttt import ttt_depthwise_conv, ttt_simplified_swiglu
 from .base import ATTENTION_OPERATORS, NO_CLS_SINCOS_AVG_POOL, AttentionOperator
-from .grid import check_patch_grid
 
 #: ViT^3's inner-loss scale: (1 x 3 x 3) ** -0.5, the "equivalent head dim" of the conv branch.
 VITTT_INNER_LOSS_SCALE = 9**-0.5
@@ -77,7 +77,7 @@ class TestTimeTrainingAttention(AttentionOperator):
 
     has_attention_map = False
     has_qk_form = False
-    #: ViT^3 / seed 000: no class token, sin-cos positions, average pooling.
+    #: Seed 000: no class token, sin-cos positions, average pooling (ViT^3: no class token).
     paper_backbone_setting = NO_CLS_SINCOS_AVG_POOL
 
     def __init__(self,

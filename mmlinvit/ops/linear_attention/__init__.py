@@ -6,10 +6,12 @@ here; :func:`linear_attention` / :func:`inline_attention` load it when they choo
 from .dispatch import (BACKEND_ENV_VAR, inline_attention, linear_attention, select_backend,
                        triton_available)
 from .naive import linear_attention_map_naive, linear_attention_naive
-from .torch_impl import inline_attention_torch, linear_attention_torch
+from .torch_impl import (inline_attention_torch, linear_attention_chunked, linear_attention_graph,
+                         linear_attention_torch)
 
 __all__ = [
     'linear_attention', 'inline_attention', 'select_backend', 'triton_available',
     'BACKEND_ENV_VAR', 'linear_attention_naive', 'linear_attention_map_naive',
-    'linear_attention_torch', 'inline_attention_torch'
+    'linear_attention_torch', 'linear_attention_chunked', 'linear_attention_graph',
+    'inline_attention_torch'
 ]

@@ -10,6 +10,12 @@ Backend choice, most specific first:
 3. auto: CUDA tensors with Triton installed and a supported shape/dtype -> Triton kernel
    (:mod:`.fused`), everything else -> PyTorch (:mod:`.torch_impl`).
 
+The PyTorch backend runs the chunked, feature-map-fused :func:`.torch_impl.linear_attention_chunked`
+(peak memory: the output plus chunk buffers) in eager mode, and the whole-tensor
+:func:`.torch_impl.linear_attention_graph` while a graph is captured (``torch.compile``,
+``torch.export`` and the ONNX exporter, ``torch.jit.trace``), where the compiler fuses and plans
+memory itself.
+
 Forcing ``'triton'`` on CPU tensors is allowed only with ``TRITON_INTERPRET=1`` (the Triton
 interpreter; tests only).  Each distinct choice is logged once on the ``mmlinvit`` logger.
 Triton availability is checked with :func:`importlib.util.find_spec`; :mod:`.fused` (which
@@ -22,19 +28,20 @@ from typing import Optional, Set, Tuple
 import torch
 
 from ..feature_maps import get_feature_map
-from ..triton_utils import (backend_from_env, choose_auto_backend, log_choice_once,
-                            triton_available, triton_interpreter_enabled)
-from .torch_impl import inline_attention_torch, linear_attention_torch
+from ..triton_utils import (KERNEL_DTYPES, KERNEL_MAX_HEAD_DIM, backend_from_env,
+                            choose_auto_backend, log_choice_once, triton_available,
+                            triton_interpreter_enabled)
+from .torch_impl import (inline_attention_torch, linear_attention_chunked,
+                         linear_attention_graph)
 
 #: Environment variable that forces a backend for every call without ``backend=``.
 BACKEND_ENV_VAR = 'MMLINVIT_LINEAR_ATTN_BACKEND'
 BACKENDS = ('torch', 'triton')
 _ENV_CHOICES = ('auto', ) + BACKENDS
 
-# Kept in sync with fused.MAX_HEAD_DIM / fused._SUPPORTED_DTYPES (fused imports triton, so its
-# constants cannot be read before the kernel path is chosen).
-_KERNEL_MAX_HEAD_DIM = 128
-_KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# The kernel limits (the same constants as fused.MAX_HEAD_DIM / fused._SUPPORTED_DTYPES).
+_KERNEL_MAX_HEAD_DIM = KERNEL_MAX_HEAD_DIM
+_KERNEL_DTYPES = KERNEL_DTYPES
 
 _logged_choices: Set[Tuple[str, str]] = set()
 
@@ -112,6 +119,12 @@ def select_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                lambda: _kernel_unsupported_reason(q, k, v), _log_choice_once)
 
 
+def capturing_graph() -> bool:
+    """Whether a graph is being captured (torch.compile / export, ONNX export, jit trace)."""
+    return (torch.compiler.is_compiling() or torch.compiler.is_exporting()
+            or torch.onnx.is_in_onnx_export() or torch.jit.is_tracing())
+
+
 def _fused_module() -> ModuleType:
     """Imports the Triton kernels (only called once the triton path was chosen)."""
     return importlib.import_module('.fused', __package__)
@@ -136,10 +149,12 @@ def linear_attention(q: torch.Tensor,
     Returns:
         (B, H, N, e) in the dtype of ``v``.
     """
-    phi = get_feature_map(feature_map)  # validates the name on every path
+    get_feature_map(feature_map)  # validates the name on every path
     if select_backend(q, k, v, backend) == 'triton':
         return _fused_module().fused_linear_attention(q, k, v, feature_map, eps)
-    return linear_attention_torch(phi(q.float()), phi(k.float()), v, eps)
+    if capturing_graph():
+        return linear_attention_graph(q, k, v, feature_map, eps)
+    return linear_attention_chunked(q, k, v, feature_map, eps)
 
 
 def inline_attention(q: torch.Tensor,

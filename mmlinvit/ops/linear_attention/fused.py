@@ -36,17 +36,18 @@ import torch
 import triton
 import triton.language as tl
 
-from ..triton_utils import (check_kernel_device, device_guard, dot_precision,
+from ..triton_utils import (KERNEL_DTYPES, KERNEL_MAX_HEAD_DIM, check_kernel_device,
+                            device_guard, dot_precision,
                             interpreter_active)
 
 #: True when the kernels below were decorated under TRITON_INTERPRET=1 (CPU tensors).
 INTERPRETED: bool = interpreter_active()
 
-#: Largest supported head dim (d of q/k and e of v).
-MAX_HEAD_DIM = 128
+#: Largest supported head dim (d of q/k and e of v); one place: :mod:`..triton_utils`.
+MAX_HEAD_DIM = KERNEL_MAX_HEAD_DIM
 
 FEATURE_CODES = {'identity': 0, 'elu': 1, 'relu': 2}
-_SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_SUPPORTED_DTYPES = KERNEL_DTYPES
 
 
 @triton.jit
@@ -499,3 +500,8 @@ def fused_inline_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         raise ValueError(f'InLine scale must be finite; got {scale}')
     return _FusedLinearAttention.apply(q, k, v, FEATURE_CODES['identity'], True, 0.0,
                                        float(scale))
+
+
+#: The package-wide ``<op>_triton`` names of the Triton paths (as ``ssd_scan_triton``).
+linear_attention_triton = fused_linear_attention
+inline_attention_triton = fused_inline_attention

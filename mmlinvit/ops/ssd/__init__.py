@@ -3,13 +3,14 @@
 The Triton kernels live in :mod:`.triton_kernel`, which imports triton and is therefore not
 imported here; :func:`ssd_scan` loads it when it chooses it.
 """
-from .chunked import LOG_DECAY_FLOOR, decay_matrix, segment_sums, ssd_scan_chunked
+from .chunked import (LOG_DECAY_FLOOR, decay_matrix, segment_sums, ssd_scan_chunked,
+                      ssd_scan_torch)
 from .dispatch import (SSD_BACKEND_ENV_VAR, SSD_BACKENDS, TRITON_KERNEL_MODULE, select_ssd_backend,
                        ssd_scan, triton_kernel_available)
 from .naive import ssd_scan_naive
 
 __all__ = [
-    'ssd_scan', 'ssd_scan_chunked', 'ssd_scan_naive', 'segment_sums', 'decay_matrix',
-    'LOG_DECAY_FLOOR', 'SSD_BACKENDS', 'SSD_BACKEND_ENV_VAR', 'select_ssd_backend',
+    'ssd_scan', 'ssd_scan_chunked', 'ssd_scan_torch', 'ssd_scan_naive', 'segment_sums',
+    'decay_matrix', 'LOG_DECAY_FLOOR', 'SSD_BACKENDS', 'SSD_BACKEND_ENV_VAR', 'select_ssd_backend',
     'TRITON_KERNEL_MODULE', 'triton_kernel_available'
 ]

@@ -206,3 +206,7 @@ def ssd_scan_chunked(x: torch.Tensor,
     if D is not None:
         y = y + D.to(acc)[None, None, :, None] * x.to(acc)
     return y.to(x.dtype)
+
+
+#: The package-wide ``<op>_torch`` name of the PyTorch path (as ``linear_attention_torch``).
+ssd_scan_torch = ssd_scan_chunked

@@ -27,8 +27,9 @@ from typing import Optional, Set, Tuple
 
 import torch
 
-from ..triton_utils import (backend_from_env, choose_auto_backend, log_choice_once,
-                            triton_available, triton_interpreter_enabled)
+from ..triton_utils import (KERNEL_DTYPES, KERNEL_MAX_HEAD_DIM, backend_from_env,
+                            choose_auto_backend, log_choice_once, triton_available,
+                            triton_interpreter_enabled)
 from .chunked import ssd_scan_chunked
 from .naive import ssd_scan_naive
 
@@ -39,10 +40,9 @@ SSD_BACKEND_ENV_VAR = 'MMLINVIT_SSD_BACKEND'
 SSD_BACKENDS = ('torch', 'naive', 'triton')
 _ENV_CHOICES = ('auto', 'torch', 'triton')
 
-# Kept in sync with triton_kernel.MAX_DIM / SUPPORTED_DTYPES (that module imports triton, so
-# its constants cannot be read before the kernel path is chosen).
-_KERNEL_MAX_DIM = 128
-_KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# The kernel limits (the same constants as triton_kernel.MAX_DIM / SUPPORTED_DTYPES).
+_KERNEL_MAX_DIM = KERNEL_MAX_HEAD_DIM
+_KERNEL_DTYPES = KERNEL_DTYPES
 
 _logged_choices: Set[Tuple[str, str]] = set()
 
@@ -60,13 +60,13 @@ def _requested_backend(backend: Optional[str]) -> str:
     """'auto', 'torch', 'naive' or 'triton' from the argument, else from the environment."""
     if backend is not None:
         if backend not in ('auto', ) + SSD_BACKENDS:
-            raise KeyError(f'Unknown ssd_scan backend {backend!r}; available: '
-                           f"{('auto', ) + SSD_BACKENDS} (or None)")
+            raise ValueError(f'Unknown ssd_scan backend {backend!r}; available: '
+                             f"{list(('auto', ) + SSD_BACKENDS)} (or None)")
         return backend
     env = backend_from_env(SSD_BACKEND_ENV_VAR)
     if env not in _ENV_CHOICES:
-        raise KeyError(f'{SSD_BACKEND_ENV_VAR}={env!r} is not an SSD backend; available: '
-                       f'{_ENV_CHOICES}')
+        raise ValueError(f'{SSD_BACKEND_ENV_VAR}={env!r} is not an SSD backend; available: '
+                         f'{list(_ENV_CHOICES)}')
     return env
 
 
@@ -105,10 +105,10 @@ def select_ssd_backend(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: to
         The backend name.
 
     Raises:
-        KeyError: unknown backend name (argument or environment variable).
-        NotImplementedError: ``'triton'`` is forced but triton or the kernel module is missing.
-        RuntimeError: ``'triton'`` is forced on CPU tensors without ``TRITON_INTERPRET=1``.
-        ValueError: ``'triton'`` is forced on inputs the kernel cannot take.
+        RuntimeError: ``'triton'`` is forced but triton or the kernel module is missing, or
+            the tensors are on CPU without ``TRITON_INTERPRET=1``.
+        ValueError: unknown backend name (argument or environment variable), or ``'triton'``
+            forced on inputs the kernel cannot take.
     """
     requested = _requested_backend(backend)
     if requested in ('torch', 'naive'):
@@ -116,7 +116,7 @@ def select_ssd_backend(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: to
         return requested
     if requested == 'triton':
         if not triton_kernel_available():
-            raise NotImplementedError(
+            raise RuntimeError(
                 f"ssd_scan backend='triton' needs triton and the kernel module "
                 f'{TRITON_KERNEL_MODULE} (ssd_scan_triton); triton is not installed. Install '
                 "triton or use backend='torch'.")

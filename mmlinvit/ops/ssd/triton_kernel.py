@@ -60,16 +60,16 @@ import torch
 import triton
 import triton.language as tl
 
-from ..triton_utils import (check_kernel_device, device_guard, dot_precision,
-                            interpreter_active)
+from ..triton_utils import (KERNEL_DTYPES, KERNEL_MAX_HEAD_DIM, check_kernel_device,
+                            device_guard, dot_precision, interpreter_active)
 from .checks import check_ssd_inputs
 
 #: True when the kernels below were decorated under TRITON_INTERPRET=1 (CPU tensors).
 INTERPRETED: bool = interpreter_active()
 
-#: Largest supported head dim P and state size N.
-MAX_DIM = 128
-SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+#: Largest supported head dim P and state size N (one place: :mod:`..triton_utils`).
+MAX_DIM = KERNEL_MAX_HEAD_DIM
+SUPPORTED_DTYPES = KERNEL_DTYPES
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Patch-grid helpers shared by the spatial attention operators (InLine, MHLA, TTT).
+"""Patch-grid maths shared by the spatial attention operators (InLine, MHLA, TTT; torch only).
 
 Operators see per-head tensors (B, H, N, d) whose first ``num_prefix_tokens`` rows are class /
 register tokens and whose remaining ``h * w`` rows are patch tokens in raster order.  These
