@@ -151,14 +151,12 @@ def test_attention_maps_recorder_gives_softmax_rows():
 def test_integration_layer_registers_the_same_classes():
     from mmlinvit.distill import losses as torch_losses
     from mmlinvit.distill import recorders as torch_recorders
-    from mmlinvit.models import losses as registered
     from mmlinvit.models.distill import DistillationConfigError as IntegrationError
     from mmlinvit.models.distill import recorders as integration_recorders
     from mmlinvit.registry import MODELS
     for name in ('AttentionOutputMSELoss', 'FeatureMSELoss', 'AttentionMapLoss',
                  'ActivationMatchingLoss', 'MaskedPredictionLoss'):
         cls = getattr(torch_losses, name)
-        assert getattr(registered, name) is cls
         assert MODELS.get(f'mmlinvit.{name}') is cls
     for name in ('ModuleRecorder', 'ModuleOutputsRecorder', 'ModuleInputsRecorder',
                  'AttentionMapsRecorder', 'build_recorder', 'RECORDERS'):

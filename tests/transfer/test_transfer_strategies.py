@@ -377,7 +377,7 @@ def load_linearize_tool():
     return module
 
 
-def test_linearize_main_no_cls_impulse_and_resolution(teacher, tmp_path):
+def test_linearize_main_no_cls_impulse_and_resolution(teacher, tmp_path, capsys):
     linearize = load_linearize_tool()
     ckpt = tmp_path / 'teacher.pth'
     torch.save(teacher.state_dict(), ckpt)
@@ -394,6 +394,8 @@ def test_linearize_main_no_cls_impulse_and_resolution(teacher, tmp_path):
     report = json.loads((tmp_path / 'student.json').read_text())
     assert set(report['transfer']['no_counterpart']) == {'cls_token', 'pos_embed'}
     assert report['transfer']['options']['steps'] == 20
-    with pytest.raises(KeyError, match='mlp_copy'):
+    with pytest.raises(SystemExit) as exc:
         linearize.main([str(ckpt), str(out), '--arch', json.dumps(TINY), '--operator', 'elu',
                         '--strategy', 'nope'])
+    assert exc.value.code == 2
+    assert 'mlp_copy' in capsys.readouterr().err
