@@ -39,8 +39,9 @@ Graph capture (``torch.compile``, ``torch.export`` / ONNX export, ``torch.jit.tr
 :func:`linear_attention_graph` instead: the same formula as a handful of whole-tensor ops that
 the compiler fuses and plans memory for (an unrolled chunk loop would only bloat the graph).
 """
+import contextlib
 import math
-from typing import Optional, Tuple
+from typing import ContextManager, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -62,6 +63,20 @@ MIN_CHUNK_TOKENS = 32
 #: sequences: per-op overhead dominates and the memory is small anyway).
 SINGLE_CHUNK_FACTOR = 4
 
+
+
+def _autocast_off(device: torch.device) -> ContextManager:
+    """Context that switches autocast off on ``device`` (a no-op on the meta device).
+
+    Args:
+        device: Device of the inputs.
+
+    Returns:
+        The context manager.
+    """
+    if device.type == 'meta':  # FLOP counting on meta tensors: autocast has no meta backend
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, enabled=False)
 
 def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Tuple[int, ...]:
     """Validates (..., N, d), (..., M, d), (..., M, e) and returns the leading shape."""
@@ -297,7 +312,7 @@ class _ChunkedLinearAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, feature_map: str,
                 eps: float, chunk_q: int, chunk_k: int, auto_chunks: bool) -> torch.Tensor:
-        with torch.autocast(q.device.type, enabled=False):  # fp32 math under AMP too
+        with _autocast_off(q.device):  # fp32 math under AMP too
             if _can_run_in_output(q, k, v):
                 chunk = chunk_q
                 if auto_chunks:
@@ -323,7 +338,7 @@ class _ChunkedLinearAttention(torch.autograd.Function):
             width = max(q.shape[-1], e + 1)
             chunk_q = chunk_tokens(rows, width, q.shape[-2], BACKWARD_CHUNK_BYTES)
             chunk_k = chunk_tokens(rows, width, k.shape[-2], BACKWARD_CHUNK_BYTES)
-        with torch.autocast(q.device.type, enabled=False):
+        with _autocast_off(q.device):
             dq, d_state = _queries_backward(grad_out, q, state, ctx.feature_map, ctx.eps,
                                             chunk_q, need_q)
             dk = dv = None
@@ -391,7 +406,7 @@ def linear_attention_graph(q: torch.Tensor,
     """
     _check_feature_map(feature_map)
     _check_qkv(q, k, v)
-    with torch.autocast(q.device.type, enabled=False):  # fp32 math under AMP too
+    with _autocast_off(q.device):  # fp32 math under AMP too
         q32, k32 = q.float(), k.float()
         if feature_map == 'elu':
             q32, k32 = F.elu(q32) + 1.0, F.elu(k32) + 1.0
