@@ -40,9 +40,10 @@ class NormalizedAttentionOutputMSELoss(nn.Module):
 
     Same records, token handling and block reduction as
     :class:`~mmlinvit.distill.losses.AttentionOutputMSELoss`; only each block's MSE is divided
-    by ``mean(t_i^2) + eps`` (teacher, detached).  ``loss_weight = 1`` weighs a student that
-    outputs zeros in every block like a cross-entropy of one nat (README, "Choosing lambda and
-    which layers to linearize", has the sweep that chose it).
+    by ``mean(t_i^2) + eps`` (teacher, detached).  With ``loss_weight = 1`` a student that
+    outputs zeros in every block costs 1, like a cross-entropy of one nat.  The README section
+    "Choosing lambda and which layers to linearize" compares it with the raw loss
+    (``tools/analysis/sweep_distill_weight.py``).
 
     Args:
         loss_weight: Weight lambda of the normalised term (scale-free).
