@@ -12,8 +12,9 @@ from mmlinvit.analysis import find_scalars, loss_keys, read_scalars, save_loss_c
 
 ROOT = Path(__file__).resolve().parents[2]
 PNG_SIGNATURE = b'\x89PNG\r\n\x1a\n'
-CONFIGS = (ROOT / 'configs/demo/upernet_vit-tiny-softmax_toy-64x64.py',  # seg runtime
-           ROOT / 'configs/adala/vit-adala_stage1_attn-align_dinov2-l_coco-512.py')  # cls
+CONFIGS = (ROOT / 'configs/demo/upernet_vit-tiny-softmax_1xb8-300it_toy-64x64.py',  # seg runtime
+           ROOT / 'configs/adala/'
+                  'vit-adala-stage1-attn-align_dinov2-l-elu_8xb8-4e_coco-512x512.py')  # cls
 
 
 def _write_lines(path: Path, records) -> str:

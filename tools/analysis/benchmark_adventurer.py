@@ -26,17 +26,10 @@ import sys
 import time
 from typing import Dict, List, Tuple
 
+from mmlinvit.utils.benchmarking import parse_size
+
 MODELS = ('adventurer', 'vit')
 LABELS = {'adventurer': 'Adventurer-B/16', 'vit': 'ViT-B/16 (softmax, DeiT)'}
-
-
-def parse_size(text: str) -> Tuple[int, int]:
-    """'512' -> (512, 512); '512x1024' -> (512, 1024) (height x width)."""
-    parts = text.lower().split('x')
-    if len(parts) not in (1, 2) or not all(p.isdigit() for p in parts):
-        raise argparse.ArgumentTypeError(f'size {text!r} must look like 512 or 512x1024')
-    h = int(parts[0])
-    return (h, int(parts[-1]))
 
 
 def read_status_kb(field: str) -> int:

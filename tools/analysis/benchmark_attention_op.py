@@ -3,8 +3,11 @@
 One run prints one table.  Per token count N (ViT-B head shape by default: B=1, H=12, d=64):
 
 * time of ``F.scaled_dot_product_attention`` (softmax) and of the O(N) torch linear attention
-  (``linear_attention(..., backend='torch')``, ELU+1 map) and their ratio (> 1: linear faster);
-* peak extra memory of each call (see below);
+  (``linear_attention(..., backend='torch')``: the chunked path with the feature map fused, ELU+1
+  map) and their ratio (> 1: linear faster); with ``--graph-path`` also the whole-tensor form
+  used under graph capture (:func:`~mmlinvit.ops.linear_attention.linear_attention_graph`);
+* peak memory of each call and the ratio linear / SDPA (< 1: linear smaller), side by side;
+* with ``--backward`` the same for forward + backward (grads of q, k, v);
 * on CUDA additionally the Triton kernel (forward, forward+backward; SDPA forward+backward for
   the ratio) and its achieved memory bandwidth as a fraction of ``--peak-bw`` (H200: 4.8 TB/s),
   counting the minimal traffic: read q, k, v + write out (forward), plus read q, k, v, dout +
@@ -16,24 +19,26 @@ load; a row stops repeating once it has used ``--max-seconds`` (softmax at 16k t
 cores takes seconds per call).
 
 Memory: CPU: peak of live bytes allocated through the torch CPU allocator during the call,
-from ``torch.profiler`` memory events (op self-allocations and frees, in time order), inputs
-excluded, output included; measured in a separate, untimed call.  CUDA:
-``torch.cuda.max_memory_allocated`` minus the allocation before the call.
+replayed from every allocation and free the profiler records (``torch.profiler`` with
+``profile_memory=True``, kineto ``[memory]`` events in time order), so buffers an op allocates
+and frees internally (SDPA's per-thread blocks, the linear path's chunk buffers) count too;
+inputs excluded, output (and gradients) included; measured in a separate, untimed call.
+CUDA: ``torch.cuda.max_memory_allocated`` minus the allocation before the call.
 
 Example::
 
     PYTHONPATH=. python tools/analysis/benchmark_attention_op.py --device cpu --threads 2
 """
 import argparse
-import statistics
-import time
 from typing import Callable, Dict, List
 
 import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
-from mmlinvit.ops.linear_attention import linear_attention, triton_available
+from mmlinvit.ops.linear_attention import (linear_attention, linear_attention_graph,
+                                           triton_available)
+from mmlinvit.utils.benchmarking import time_round_robin
 
 DTYPES = {'float32': torch.float32, 'float16': torch.float16, 'bfloat16': torch.bfloat16}
 
@@ -58,60 +63,34 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument('--peak-bw', type=float, default=4.8e12,
                         help='peak memory bandwidth in B/s (H200: 4.8e12)')
     parser.add_argument('--no-memory', action='store_true', help='skip the memory columns')
+    parser.add_argument('--graph-path', action='store_true',
+                        help='also time the whole-tensor torch form (used under graph capture)')
+    parser.add_argument('--backward', action='store_true',
+                        help='also forward + backward time and memory (CPU and CUDA)')
     return parser.parse_args()
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == 'cuda':
-        torch.cuda.synchronize(device)
 
 
 def time_ms(fns: Dict[str, Callable[[], object]], device: torch.device, repeats: int,
             max_seconds: float, stat: str) -> Dict[str, float]:
-    """Median (or min) wall time in ms of each function, calls interleaved round-robin.
-
-    Interleaving exposes all candidates to the same background load (shared CPU boxes).
-    """
+    """Median (or min) ms of each function, interleaved round-robin after 3 (GPU) / 1 (CPU)
+    warm-up calls (:func:`mmlinvit.utils.benchmarking.time_round_robin`)."""
     warmups = 3 if device.type == 'cuda' else 1
-    for fn in fns.values():
-        for _ in range(warmups):
-            fn()
-    _sync(device)
-    times: Dict[str, List[float]] = {name: [] for name in fns}
-    budget_start = time.perf_counter()
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            if device.type == 'cuda':
-                start = torch.cuda.Event(enable_timing=True)
-                end = torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                end.record()
-                end.synchronize()
-                times[name].append(start.elapsed_time(end))
-            else:
-                start_s = time.perf_counter()
-                fn()
-                times[name].append((time.perf_counter() - start_s) * 1e3)
-        if time.perf_counter() - budget_start > max_seconds:
-            break
-    reduce = statistics.median if stat == 'median' else min
-    return {name: reduce(values) for name, values in times.items()}
+    return time_round_robin(fns, device, repeats, warmups=warmups, max_seconds=max_seconds,
+                            stat=stat)
 
 
 def cpu_peak_bytes(fn: Callable[[], object]) -> int:
-    """Peak live bytes the torch CPU allocator handed out during ``fn`` (profiler events)."""
+    """Peak live bytes the torch CPU allocator handed out during ``fn``.
+
+    Replays every allocation / free the profiler recorded (kineto ``[memory]`` events carry
+    the signed byte count), including those made and released inside one op.
+    """
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
-    deltas = []
-    for event in prof.events():
-        if event.name == '[memory]':
-            delta = event.cpu_memory_usage  # allocations/frees outside a recorded op
-        else:
-            delta = event.self_cpu_memory_usage  # allocations of the op itself, not children
-        if delta:
-            deltas.append((event.time_range.start, delta))
-    deltas.sort(key=lambda item: item[0])
+    deltas = sorted((event.start_ns(), event.nbytes())
+                    for event in prof.profiler.kineto_results.events()
+                    if event.name() == '[memory]' and event.device_type() ==
+                    torch.autograd.DeviceType.CPU)
     live = peak = 0
     for _, delta in deltas:
         live += delta
@@ -139,6 +118,11 @@ def fwd_bwd(fn: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor, v
     return run
 
 
+def peak_bytes(fn: Callable[[], object], device: torch.device) -> int:
+    """Peak memory of one call (see the module docstring)."""
+    return cuda_peak_bytes(fn, device) if device.type == 'cuda' else cpu_peak_bytes(fn)
+
+
 def main() -> None:
     args = parse_args()
     device = torch.device(args.device)
@@ -155,6 +139,9 @@ def main() -> None:
     def la_torch(q, k, v):
         return linear_attention(q, k, v, fm, backend='torch')
 
+    def la_graph(q, k, v):
+        return linear_attention_graph(q, k, v, fm)
+
     def la_triton(q, k, v):
         return linear_attention(q, k, v, fm, backend='triton')
 
@@ -163,23 +150,41 @@ def main() -> None:
         shape = (args.batch, args.heads, n, args.head_dim)
         q, k, v = (torch.randn(shape, device=device, dtype=dtype) for _ in range(3))
         row: Dict[str, str] = {'N': str(n)}
+        fns = {'sdpa': lambda: sdpa(q, k, v), 'torch': lambda: la_torch(q, k, v)}
+        if args.graph_path:
+            fns['graph'] = lambda: la_graph(q, k, v)
         with torch.no_grad():
-            times = time_ms({'sdpa': lambda: sdpa(q, k, v), 'torch': lambda: la_torch(q, k, v)},
-                            device, repeats, args.max_seconds, args.stat)
+            times = time_ms(fns, device, repeats, args.max_seconds, args.stat)
         t_sdpa, t_torch = times['sdpa'], times['torch']
         row['sdpa ms'] = f'{t_sdpa:.3f}'
         row['la-torch ms'] = f'{t_torch:.3f}'
-        row['sdpa/la-torch'] = f'{t_sdpa / t_torch:.2f}x'
+        if args.graph_path:
+            row['la-graph ms'] = f'{times["graph"]:.3f}'
         if not args.no_memory:
             with torch.no_grad():
-                if on_cuda:
-                    m_sdpa = cuda_peak_bytes(lambda: sdpa(q, k, v), device)
-                    m_torch = cuda_peak_bytes(lambda: la_torch(q, k, v), device)
-                else:
-                    m_sdpa = cpu_peak_bytes(lambda: sdpa(q, k, v))
-                    m_torch = cpu_peak_bytes(lambda: la_torch(q, k, v))
-            row['sdpa MiB'] = f'{m_sdpa / 2**20:.1f}'
-            row['la-torch MiB'] = f'{m_torch / 2**20:.1f}'
+                mem = {name: peak_bytes(fn, device) for name, fn in fns.items()}
+            row['sdpa MiB'] = f'{mem["sdpa"] / 2**20:.2f}'
+            row['la-torch MiB'] = f'{mem["torch"] / 2**20:.2f}'
+            if args.graph_path:
+                row['la-graph MiB'] = f'{mem["graph"] / 2**20:.2f}'
+        # Ratios side by side: speed (> 1: linear faster), memory (< 1: linear smaller).
+        row['speed sdpa/la'] = f'{t_sdpa / t_torch:.2f}x'
+        if not args.no_memory:
+            row['mem la/sdpa'] = f'{mem["torch"] / max(mem["sdpa"], 1):.2f}x'
+        if args.backward:
+            qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+            grad = torch.randn_like(q)
+            fb = {'sdpa': fwd_bwd(sdpa, qg, kg, vg, grad), 'torch': fwd_bwd(la_torch, qg, kg, vg,
+                                                                             grad)}
+            times = time_ms(fb, device, repeats, args.max_seconds, args.stat)
+            row['f+b sdpa ms'] = f'{times["sdpa"]:.3f}'
+            row['f+b la ms'] = f'{times["torch"]:.3f}'
+            row['f+b speed'] = f'{times["sdpa"] / times["torch"]:.2f}x'
+            if not args.no_memory:
+                mem_fb = {name: peak_bytes(fn, device) for name, fn in fb.items()}
+                row['f+b sdpa MiB'] = f'{mem_fb["sdpa"] / 2**20:.2f}'
+                row['f+b la MiB'] = f'{mem_fb["torch"] / 2**20:.2f}'
+                row['f+b mem'] = f'{mem_fb["torch"] / max(mem_fb["sdpa"], 1):.2f}x'
         if use_triton:
             elem = torch.finfo(dtype).bits // 8
             tensor_bytes = q.numel() * elem
@@ -213,8 +218,8 @@ def main() -> None:
           f'torch={torch.__version__}')
     if not args.no_memory:
         print('memory: ' + ('cuda max_memory_allocated delta' if on_cuda else
-                            'peak live torch-allocator bytes during the call (torch.profiler), '
-                            'inputs excluded'))
+                            'peak live torch-allocator bytes during the call (every profiler '
+                            'alloc/free event), inputs excluded'))
     print('  '.join(h.rjust(w) for h, w in zip(header, widths)))
     for r in rows:
         print('  '.join(r.get(h, '').rjust(w) for h, w in zip(header, widths)))

@@ -28,6 +28,10 @@ at 1024 x 1024 with the analytic FLOP ratio (issue convention: 24 N D^2 + 4 N^2 
 
 A PNG (``--out-dir``) plots time and memory of both scopes against the token count.
 
+``--compile`` also times the backbone compiled with ``torch.compile`` (inductor, static
+shapes; eager stays the default everywhere else): columns ``compiled ms`` and
+``eager/compiled`` (> 1: compiling pays), plus the one-off compile time.
+
 Examples::
 
     # quick CPU run (a few minutes on 2 cores)
@@ -56,6 +60,8 @@ sys.path.insert(0, ROOT)
 from mmlinvit.analysis import (ANALYTIC_OPERATORS, FLOP_CONVENTION, FlopCounter,  # noqa: E402
                                analytic_vit_flops)
 from mmlinvit.backbones import VIT_SIZES, VisionTransformer  # noqa: E402
+from mmlinvit.utils.benchmarking import (parse_size, proc_status_mib, size_label,  # noqa: E402
+                                         timed_calls)
 
 ADVENTURER_FILE = os.path.join(ROOT, 'mmlinvit', 'backbones', 'adventurer.py')
 ADVENTURER = 'adventurer'
@@ -75,18 +81,6 @@ DEFAULT_SIZES = ['224', '512', '512x1024', '1024x1024', '2048x2048']
 
 
 # ---------------------------------------------------------------------------------- arguments
-def parse_size(text: str) -> Tuple[int, int]:
-    """``'512'`` -> (512, 512); ``'512x1024'`` -> (512, 1024) (height x width)."""
-    parts = text.lower().split('x')
-    if len(parts) not in (1, 2) or not all(p.isdigit() for p in parts):
-        raise argparse.ArgumentTypeError(f'size {text!r} is not N or HxW (e.g. 512x1024)')
-    return int(parts[0]), int(parts[-1])
-
-
-def size_label(hw: Tuple[int, int]) -> str:
-    return f'{hw[0]}' if hw[0] == hw[1] else f'{hw[0]}x{hw[1]}'
-
-
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__.split('\n\n')[0],
@@ -120,6 +114,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         "interpreter; 'inprocess' runs all cases here (fast smoke tests; "
                         'allocator state then carries over between cases)')
     parser.add_argument('--threads', type=int, default=2, help='torch CPU threads')
+    parser.add_argument('--compile', action='store_true',
+                        help='also time the backbone under torch.compile (inductor)')
     parser.add_argument('--out-dir', default=os.path.join(ROOT, 'work_dirs',
                                                           'benchmark_backbones'),
                         help='where the PNG and the JSON rows go')
@@ -146,14 +142,6 @@ def case_operators(args: argparse.Namespace) -> List[str]:
 
 
 # ---------------------------------------------------------------------------------- memory
-def _proc_status_mib(key: str) -> float:
-    with open('/proc/self/status') as f:
-        for line in f:
-            if line.startswith(key + ':'):
-                return int(line.split()[1]) / 1024.0
-    raise RuntimeError(f'{key} not found in /proc/self/status')
-
-
 class CpuPeakMemory:
     """Peak RSS above the pre-call RSS of one call (Linux; see the module docstring)."""
 
@@ -180,9 +168,9 @@ class CpuPeakMemory:
         if self.can_reset:
             with open('/proc/self/clear_refs', 'w') as f:
                 f.write('5')
-        before = _proc_status_mib('VmRSS')
+        before = proc_status_mib('VmRSS')
         out = fn()
-        peak = _proc_status_mib('VmHWM')
+        peak = proc_status_mib('VmHWM')
         return max(peak - before, 0.0), out
 
 
@@ -235,31 +223,24 @@ def backbone_callable(model: torch.nn.Module, hw_pixels: Tuple[int, int], device
 
 
 # ---------------------------------------------------------------------------------- measuring
-def timed_calls(fn: Callable[[], object], device: torch.device, repeats: int,
-                max_seconds: float) -> List[float]:
-    """Wall times in ms of up to ``repeats`` calls (CUDA events on GPU)."""
-    times: List[float] = []
-    start_budget = time.perf_counter()
-    for _ in range(repeats):
+def measure_compiled(model: torch.nn.Module, hw_pixels: Tuple[int, int], device: torch.device,
+                     dtype: torch.dtype, repeats: int, max_seconds: float) -> Dict[str, float]:
+    """Backbone time under ``torch.compile`` (inductor, static shapes) and compile time."""
+    compiled = torch.compile(model, dynamic=False)
+    fn = backbone_callable(compiled, hw_pixels, device, dtype)
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        fn()  # compiles
         if device.type == 'cuda':
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-        if time.perf_counter() - start_budget > max_seconds:
-            break
-    return times
+            torch.cuda.synchronize(device)
+        compile_s = time.perf_counter() - t0
+        times = timed_calls(fn, device, repeats, max_seconds)
+    return dict(ms=statistics.median(times), calls=len(times), compile_s=compile_s)
 
 
 def measure_case(model_key: str, operator: str, hw_pixels: Tuple[int, int], scopes: List[str],
                  device: torch.device, dtype: torch.dtype, repeats: int, max_seconds: float,
-                 fresh_process: bool = True) -> Dict[str, object]:
+                 fresh_process: bool = True, compile_model: bool = False) -> Dict[str, object]:
     """Time, peak memory and counted FLOPs of each scope of one (model, size, operator)."""
     patch = vit_patch_size(model_key)
     grid = (hw_pixels[0] // patch, hw_pixels[1] // patch)
@@ -289,6 +270,9 @@ def measure_case(model_key: str, operator: str, hw_pixels: Tuple[int, int], scop
             result[scope] = dict(ms=statistics.median(times), calls=len(times), mib=mem,
                                  gflops=counter.total / 1e9)
             del fn
+    if compile_model:
+        result['compiled'] = measure_compiled(model, hw_pixels, device, dtype, repeats,
+                                              max_seconds)
     if cpu_memory is not None:
         result['memory_method'] = cpu_memory.method
     return result
@@ -299,7 +283,7 @@ def run_case_subprocess(args: argparse.Namespace, model_key: str, operator: str,
     """CPU: one fresh interpreter per case; returns its JSON result (or an error row)."""
     spec = dict(model=model_key, operator=operator, size=list(hw), scopes=args.scopes,
                 dtype=args.dtype, repeats=repeats, max_seconds=args.max_seconds,
-                threads=args.threads)
+                threads=args.threads, compile=args.compile)
     cmd = [sys.executable, os.path.abspath(__file__), '--child', json.dumps(spec)]
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
     env['PYTHONPATH'] = os.pathsep.join(filter(None, [ROOT, env.get('PYTHONPATH')]))
@@ -321,7 +305,8 @@ def child_main(spec_json: str) -> None:
     torch.set_num_threads(spec['threads'])
     dtype = DTYPES[spec['dtype'] or 'float32']
     result = measure_case(spec['model'], spec['operator'], tuple(spec['size']), spec['scopes'],
-                          torch.device('cpu'), dtype, spec['repeats'], spec['max_seconds'])
+                          torch.device('cpu'), dtype, spec['repeats'], spec['max_seconds'],
+                          compile_model=spec.get('compile', False))
     print(json.dumps(result))
 
 
@@ -354,6 +339,8 @@ def print_table(rows: List[Dict[str, object]], scopes: List[str]) -> None:
         cols += [f'{scope} ms'] + (['img/s'] if scope == 'backbone' else [])
         cols += [f'{scope} MiB', f'{scope} x', f'{scope} mem x']
     cols += ['FLOP x', 'x / FLOP x']
+    if any('compiled' in r for r in rows):
+        cols += ['compiled ms', 'eager/compiled', 'compile s']
     table = []
     for r in rows:
         base = next((b for b in rows if b['model'] == r['model'] and b['size'] == r['size']
@@ -379,6 +366,10 @@ def print_table(rows: List[Dict[str, object]], scopes: List[str]) -> None:
             line['FLOP x'] = _fmt(flop_x, '.2f', 'x')
             line['x / FLOP x'] = _fmt(
                 base['backbone']['ms'] / r['backbone']['ms'] / flop_x, '.2f')
+        if 'compiled' in r and 'backbone' in r:
+            line['compiled ms'] = _fmt(r['compiled']['ms'], '.1f')
+            line['eager/compiled'] = _fmt(r['backbone']['ms'] / r['compiled']['ms'], '.2f', 'x')
+            line['compile s'] = _fmt(r['compiled']['compile_s'], '.0f')
         table.append(line)
     widths = {c: max(len(c), *(len(t.get(c, '-')) for t in table)) for c in cols}
     print('  '.join(c.rjust(widths[c]) for c in cols))
@@ -476,7 +467,8 @@ def main(argv: Optional[List[str]] = None) -> List[Dict[str, object]]:
                     row = run_case_subprocess(args, model_key, op, hw, repeats)
                 else:
                     row = measure_case(model_key, op, hw, args.scopes, device, dtype, repeats,
-                                       args.max_seconds, fresh_process=False)
+                                       args.max_seconds, fresh_process=False,
+                                       compile_model=args.compile)
                     if device.type == 'cuda':
                         torch.cuda.empty_cache()
                 rows.append(row)

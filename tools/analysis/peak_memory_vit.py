@@ -30,6 +30,8 @@ import sys
 import time
 from typing import Dict, List
 
+from mmlinvit.utils.benchmarking import write_json
+
 SOFTMAX_BACKENDS = ('default', 'math')
 
 
@@ -104,9 +106,7 @@ def run_parent(args: argparse.Namespace) -> List[Dict[str, object]]:
         name = r['attn'] + (f' ({r["softmax_backend"]})' if r['softmax_backend'] else '')
         print(f'{name:<18}{r["num_tokens"]:>7}{r["params_mb"]:>13.1f}{r["max_rss_mb"]:>13.1f}'
               f'{r["forward_rss_mb"]:>13.1f}{r["forward_s"]:>8.1f}')
-    if args.json_out:
-        with open(args.json_out, 'w') as f:
-            json.dump(results, f, indent=2)
+    write_json(results, args.json_out)
     return results
 
 

@@ -56,7 +56,7 @@ ACCELERATOR_CHUNK_BYTES = 1 << 26
 BACKWARD_CHUNK_BYTES = 1 << 20
 #: Budget of the (lead x tokens x e) product chunk of the in-output forward (see
 #: :func:`_forward_in_output`).
-IN_OUTPUT_CHUNK_BYTES = 1 << 19
+IN_OUTPUT_CHUNK_BYTES = 1 << 18
 #: Smallest chunk (tokens) picked automatically; fewer tokens cost more in per-op overhead.
 MIN_CHUNK_TOKENS = 32
 #: A sequence whose whole buffer is at most this many chunk buffers runs as one chunk (short

@@ -1,0 +1,523 @@
+"""One-GPU suite (<= 5 min on an H200): kernel correctness, kernel speed, whole backbones.
+
+Sections (each prints a table; everything also goes to ``suite.json`` and ``suite.png`` in
+``--out-dir``):
+
+1. **Correctness** of the Triton kernels against the PyTorch paths, forward and backward
+   (relative Frobenius error of the output and every input gradient), fp32 and bf16, ragged
+   token counts (not multiples of any block), cross attention (N != M), ReLU at d = e = 128,
+   a non-power-of-two head (48 -> 40), InLine; the SSD scan (Adventurer-B shapes, ragged L,
+   groups, P / N not powers of two) against the chunked PyTorch scan.  The reference is run in
+   fp32 on the same (rounded) inputs.  Exit code 1 if any check fails.
+2. **Linear attention op** at 1k-64k tokens (B=1, H=16, d=64, ELU+1, bf16): Triton forward and
+   forward + backward, the PyTorch path (chunked, forward), SDPA (FlashAttention for 16-bit,
+   forward and forward + backward), ratios, and the Triton kernel's achieved HBM bandwidth
+   as a fraction of ``--peak-bw`` counting the minimal traffic (forward: read q, k, v, write
+   out = 4 tensors; forward + backward: that plus read q, k, v, dout and write dq, dk, dv =
+   11 tensors); target >= 70 % at N >= 16k.
+3. **SSD scan** (Adventurer-B: H=24, P=64, N=64, chunk 256, bf16 x / B / C): Triton vs the
+   chunked PyTorch scan, forward and forward + backward.
+4. **Whole backbones** (random weights, bf16, batch 1, inference): ViT-L/14 softmax (SDPA) vs
+   ELU + Triton at 518, 1024, 2048; Adventurer-B vs ViT-B/16 softmax at 512x1024 and
+   1024x2048; time and peak activation memory (``max_memory_allocated`` during the call minus
+   the allocation before it: weights excluded).  Target: ViT-L/14 at 1024 >= 1.7x the softmax
+   model at <= 40 % of its memory.
+
+``--dry-run`` runs every section at tiny sizes on CPU with ``TRITON_INTERPRET=1`` (the Triton
+interpreter; set before triton is imported), so CI proves the script works before a GPU is
+there (tests/analysis/test_gpu_suite_dry_run.py).  Its timings and bandwidths are
+meaningless; its correctness checks are real.
+
+Examples::
+
+    PYTHONPATH=. python tools/analysis/gpu_suite.py                 # on the GPU machine
+    PYTHONPATH=. python tools/analysis/gpu_suite.py --dry-run --out-dir /tmp/suite
+"""
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Tuple
+
+if __name__ == '__main__' and '--dry-run' in sys.argv:
+    os.environ['TRITON_INTERPRET'] = '1'  # before anything imports triton
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+from mmlinvit.utils.benchmarking import rel_err, time_round_robin  # noqa: E402
+
+#: Peak HBM bandwidth (B/s) by device-name substring; ``--peak-bw`` overrides.
+PEAK_BW = {'H200': 4.8e12, 'H100': 3.35e12, 'A100': 2.0e12, 'L40': 0.864e12}
+DTYPES = {'fp32': torch.float32, 'bf16': torch.bfloat16}
+# Relative Frobenius error bounds (fp32: IEEE dots; bf16: TF32 dots + output rounding).
+TOL_LA = {torch.float32: 1e-4, torch.float16: 4e-3, torch.bfloat16: 2e-2}
+TOL_SSD = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 2e-2}
+TOL_SSD_DA = {torch.float32: 5e-3, torch.float16: 2e-2, torch.bfloat16: 5e-2}
+SSD_NAMES = ('y', 'dx', 'ddt', 'dA', 'dB', 'dC', 'dD')
+
+
+@dataclass
+class Sizes:
+    """Problem sizes of one suite run (full GPU run or ``--dry-run``)."""
+    la_check_tokens: List[int]
+    la_heads: int
+    la_head_dim: int
+    la_bench_tokens: List[int]
+    ssd_check_lengths: List[int]
+    ssd_shape: Dict[str, int]
+    ssd_bench_lengths: List[int]
+    vit_l: object
+    vit_l_sizes: List[Tuple[int, int]]
+    vit_b: object
+    adventurer_b: object
+    adventurer_mixer: Optional[dict]
+    pair_sizes: List[Tuple[int, int]]
+    repeats: int
+    extra_la_cases: List[tuple] = field(default_factory=list)
+
+
+def full_sizes() -> Sizes:
+    return Sizes(
+        la_check_tokens=[1000, 4097, 16411], la_heads=16, la_head_dim=64,
+        la_bench_tokens=[1024, 4096, 16384, 65536],
+        ssd_check_lengths=[1024, 4133], ssd_shape=dict(heads=24, headdim=64, d_state=64,
+                                                       groups=1, chunk=256),
+        ssd_bench_lengths=[1024, 4096, 16384, 65536],
+        vit_l='l', vit_l_sizes=[(518, 518), (1024, 1024), (2048, 2048)],
+        vit_b='b', adventurer_b='b', adventurer_mixer=None,
+        pair_sizes=[(512, 1024), (1024, 2048)], repeats=10,
+        extra_la_cases=[  # (name, N, M, H, d, e, dtype, mode)
+            ('relu d=e=128', 4097, 4097, 4, 128, 128, torch.bfloat16, 'relu'),
+            ('relu d=e=128 fp32', 1000, 1000, 4, 128, 128, torch.float32, 'relu'),
+            ('elu d=48 e=40 ragged', 4101, 4101, 4, 48, 40, torch.float16, 'elu'),
+            ('inline', 4097, 4097, 16, 64, 64, torch.bfloat16, 'inline'),
+            ('inline fp32 ragged', 1001, 1001, 16, 64, 64, torch.float32, 'inline'),
+            ('elu cross N!=M', 977, 3079, 16, 64, 64, torch.bfloat16, 'elu'),
+        ])
+
+
+def dry_sizes() -> Sizes:
+    tiny_vit = dict(embed_dims=32, num_layers=2, num_heads=2, mlp_hidden_dims=64)
+    return Sizes(
+        la_check_tokens=[37, 70], la_heads=2, la_head_dim=16, la_bench_tokens=[64, 130],
+        ssd_check_lengths=[40], ssd_shape=dict(heads=2, headdim=16, d_state=16, groups=1,
+                                               chunk=16),
+        ssd_bench_lengths=[48],
+        vit_l=tiny_vit, vit_l_sizes=[(28, 28), (42, 42)],
+        vit_b=tiny_vit, adventurer_b=dict(embed_dims=32, num_layers=2),
+        adventurer_mixer=dict(d_state=16, headdim=16, chunk_size=16),
+        pair_sizes=[(32, 48)], repeats=1,
+        extra_la_cases=[('elu d=12 e=10 ragged', 29, 29, 2, 12, 10, torch.float16, 'elu'),
+                        ('inline', 33, 33, 2, 16, 16, torch.bfloat16, 'inline'),
+                        ('elu cross N!=M', 17, 41, 2, 16, 16, torch.bfloat16, 'elu')])
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('--dry-run', action='store_true',
+                        help='tiny sizes on CPU with TRITON_INTERPRET=1 (CI)')
+    parser.add_argument('--out-dir', default=os.path.join(ROOT, 'work_dirs', 'gpu_suite'))
+    parser.add_argument('--peak-bw', type=float, default=None,
+                        help='peak HBM bandwidth in B/s (default: by device name, H200 4.8e12)')
+    parser.add_argument('--sections', nargs='+', default=['check', 'la', 'ssd', 'backbones'],
+                        choices=['check', 'la', 'ssd', 'backbones'])
+    return parser.parse_args(argv)
+
+
+# ---------------------------------------------------------------------------------- helpers
+def bench_ms(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
+    """Median ms of ``fn`` (CUDA events after 2 warm-ups; CPU: perf_counter after 1)."""
+    warmups = 2 if device.type == 'cuda' else 1
+    return time_round_robin({'fn': fn}, device, repeats, warmups=warmups)['fn']
+
+
+def peak_mib(fn: Callable[[], object], device: torch.device) -> Optional[float]:
+    """Peak allocation above the pre-call allocation (CUDA), None on CPU."""
+    if device.type != 'cuda':
+        fn()
+        return None
+    torch.cuda.synchronize(device)
+    base = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    fn()
+    torch.cuda.synchronize(device)
+    return (torch.cuda.max_memory_allocated(device) - base) / 2**20
+
+
+def print_table(title: str, rows: List[Dict[str, object]]) -> None:
+    print(title)
+    if not rows:
+        return
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+
+    def fmt(v: object) -> str:
+        if isinstance(v, float):
+            return f'{v:.3g}' if abs(v) < 1e4 else f'{v:.0f}'
+        return '-' if v is None else str(v)
+
+    cells = [[fmt(r.get(c)) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    print('  ' + '  '.join(c.rjust(w) for c, w in zip(cols, widths)))
+    for row in cells:
+        print('  ' + '  '.join(v.rjust(w) for v, w in zip(row, widths)))
+
+
+# ---------------------------------------------------------------------------------- kernels
+def _kernels():
+    """The Triton modules, imported through the dispatchers' rules."""
+    from mmlinvit.ops.linear_attention import select_backend
+    from mmlinvit.ops.ssd import select_ssd_backend
+    probe = torch.zeros(1, 1, 1, 16, device=DEVICE)
+    if select_backend(probe, probe, probe, backend='triton') != 'triton':
+        raise RuntimeError('the linear attention dispatcher did not choose the Triton kernel')
+    leaves = make_ssd_inputs(1, 4, 2, 16, 1, 16, torch.float32)
+    if select_ssd_backend(*leaves, backend='triton') != 'triton':
+        raise RuntimeError('the SSD dispatcher did not choose the Triton kernel')
+    from mmlinvit.ops.linear_attention import fused
+    from mmlinvit.ops.ssd import triton_kernel
+    return fused, triton_kernel
+
+
+def make_qkv(n: int, m: int, heads: int, d: int, e: int, dtype: torch.dtype,
+             requires_grad: bool = True) -> Tuple[torch.Tensor, ...]:
+    gen = torch.Generator(device=DEVICE).manual_seed(n * 131 + m + d)
+    out = []
+    for shape in ((1, heads, n, d), (1, heads, m, d), (1, heads, m, e)):
+        t = torch.randn(*shape, device=DEVICE, generator=gen).to(dtype)
+        out.append(t.requires_grad_(requires_grad))
+    return tuple(out)
+
+
+def make_ssd_inputs(batch: int, length: int, heads: int, headdim: int, groups: int,
+                    d_state: int, dtype: torch.dtype) -> List[torch.Tensor]:
+    """Mixer-like leaves: x, B, C in ``dtype``; dt = softplus(.), A in -[1, 16], D fp32."""
+    gen = torch.Generator(device=DEVICE).manual_seed(length * 7 + heads)
+
+    def randn(*shape):
+        return torch.randn(*shape, device=DEVICE, generator=gen)
+
+    x = randn(batch, length, heads, headdim).to(dtype)
+    dt = F.softplus(randn(batch, length, heads) - 3.0)
+    A = -(torch.rand(heads, device=DEVICE, generator=gen) * 15.0 + 1.0)
+    B = (randn(batch, length, groups, d_state) * d_state**-0.5).to(dtype)
+    C = (randn(batch, length, groups, d_state) * d_state**-0.5).to(dtype)
+    D = randn(heads)
+    return [t.requires_grad_() for t in (x, dt, A, B, C, D)]
+
+
+def check_linear_attention(fused, name: str, n: int, m: int, heads: int, d: int, e: int,
+                           dtype: torch.dtype, mode: str) -> Dict[str, object]:
+    from mmlinvit.ops.linear_attention import inline_attention_torch, linear_attention_chunked
+    q, k, v = make_qkv(n, m, heads, d, e, dtype)
+    if mode == 'inline':
+        out = fused.fused_inline_attention(q, k, v, d**-0.5)
+        ref_fn = lambda a, b, c: inline_attention_torch(a, b, c, d**-0.5)  # noqa: E731
+    else:
+        out = fused.fused_linear_attention(q, k, v, mode)
+        ref_fn = lambda a, b, c: linear_attention_chunked(a, b, c, mode)  # noqa: E731
+    # fp32 reference on the same rounded inputs
+    q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
+    ref = ref_fn(q32, k32, v32)
+    grad = torch.randn_like(ref)
+    got = torch.autograd.grad(out, (q, k, v), grad.to(out.dtype))
+    want = torch.autograd.grad(ref, (q32, k32, v32), grad)
+    errors = [rel_err(out, ref)] + [rel_err(a, b) for a, b in zip(got, want)]
+    finite = all(bool(torch.isfinite(t).all()) for t in (out, *got))
+    ok = finite and max(errors) <= TOL_LA[dtype]
+    return dict(kernel='linear-attn', case=name, shape=f'N={n} M={m} H={heads} d={d} e={e}',
+                dtype=str(dtype).split('.')[-1], out=errors[0], dq=errors[1], dk=errors[2],
+                dv=errors[3], tol=TOL_LA[dtype], ok='PASS' if ok else 'FAIL')
+
+
+def check_ssd(kernel, name: str, batch: int, length: int, heads: int, headdim: int,
+              groups: int, d_state: int, chunk: int, dtype: torch.dtype) -> Dict[str, object]:
+    from mmlinvit.ops.ssd import ssd_scan_chunked
+    leaves = make_ssd_inputs(batch, length, heads, headdim, groups, d_state, dtype)
+    grad = torch.randn(batch, length, heads, headdim, device=DEVICE).to(dtype)
+
+    def run(fn, args):
+        out = fn(*args, chunk_size=chunk)
+        return [out] + list(torch.autograd.grad(out, args, grad.to(out.dtype)))
+
+    got = run(kernel.ssd_scan_triton, leaves)
+    ref_leaves = [t.detach().float().requires_grad_() for t in leaves]
+    want = run(ssd_scan_chunked, ref_leaves)
+    errors = [rel_err(a, b) for a, b in zip(got, want)]
+    finite = all(bool(torch.isfinite(t).all()) for t in got)
+    bounds = [TOL_SSD_DA[dtype] if n == 'dA' else TOL_SSD[dtype] for n in SSD_NAMES]
+    ok = finite and all(e <= b for e, b in zip(errors, bounds))
+    row = dict(kernel='ssd', case=name,
+               shape=f'L={length} H={heads} P={headdim} N={d_state} G={groups}',
+               dtype=str(dtype).split('.')[-1])
+    row.update({n: e for n, e in zip(SSD_NAMES, errors)})
+    row.update(tol=TOL_SSD[dtype], ok='PASS' if ok else 'FAIL')
+    return row
+
+
+def section_check(sizes: Sizes) -> Tuple[List[Dict[str, object]], List[Dict[str, object]]]:
+    fused, kernel = _kernels()
+    la_rows = []
+    h, d = sizes.la_heads, sizes.la_head_dim
+    for dtype in DTYPES.values():
+        for n in sizes.la_check_tokens:
+            la_rows.append(check_linear_attention(fused, 'elu', n, n, h, d, d, dtype, 'elu'))
+    for case in sizes.extra_la_cases:
+        la_rows.append(check_linear_attention(fused, *case))
+    ssd_rows = []
+    s = sizes.ssd_shape
+    for dtype in DTYPES.values():
+        for length in sizes.ssd_check_lengths:
+            ssd_rows.append(check_ssd(kernel, 'adventurer', 1, length, s['heads'], s['headdim'],
+                                      s['groups'], s['d_state'], s['chunk'], dtype))
+    small = min(sizes.ssd_check_lengths)
+    ssd_rows.append(check_ssd(kernel, 'ragged groups P48 N40' if not DRY else 'ragged groups',
+                              2, small + 37, 4, 48 if not DRY else 12, 2,
+                              40 if not DRY else 10, s['chunk'], torch.bfloat16))
+    return la_rows, ssd_rows
+
+
+# ---------------------------------------------------------------------------------- timing
+def section_linear_attention(sizes: Sizes, peak_bw: float) -> List[Dict[str, object]]:
+    fused, _ = _kernels()
+    from mmlinvit.ops.linear_attention import linear_attention
+    dtype = torch.bfloat16 if not DRY else torch.float32
+    rows = []
+    for n in sizes.la_bench_tokens:
+        q, k, v = make_qkv(n, n, sizes.la_heads, sizes.la_head_dim, sizes.la_head_dim, dtype)
+        grad = torch.randn_like(q)
+        nbytes = q.numel() * q.element_size()
+
+        def fb(fn):
+            def run():
+                torch.autograd.grad(fn(q, k, v), (q, k, v), grad)
+            return run
+
+        with torch.no_grad():
+            t_tri = bench_ms(lambda: fused.fused_linear_attention(q, k, v, 'elu'), DEVICE,
+                             sizes.repeats)
+            t_torch = bench_ms(lambda: linear_attention(q, k, v, 'elu', backend='torch'),
+                               DEVICE, sizes.repeats)
+            t_sdpa = bench_ms(lambda: F.scaled_dot_product_attention(q, k, v), DEVICE,
+                              sizes.repeats)
+        t_tri_fb = bench_ms(fb(lambda a, b, c: fused.fused_linear_attention(a, b, c, 'elu')),
+                            DEVICE, sizes.repeats)
+        t_sdpa_fb = bench_ms(fb(F.scaled_dot_product_attention), DEVICE, sizes.repeats)
+        bw = 4 * nbytes / (t_tri * 1e-3) / peak_bw
+        bw_fb = 11 * nbytes / (t_tri_fb * 1e-3) / peak_bw
+        rows.append({'N': n, 'triton ms': t_tri, 'torch ms': t_torch, 'sdpa ms': t_sdpa,
+                     'sdpa/triton': t_sdpa / t_tri, 'torch/triton': t_torch / t_tri,
+                     'triton f+b ms': t_tri_fb, 'sdpa f+b ms': t_sdpa_fb,
+                     'f+b sdpa/triton': t_sdpa_fb / t_tri_fb, 'HBM fwd': bw, 'HBM f+b': bw_fb,
+                     'target >=0.7': ('met' if bw >= 0.7 else 'NOT met') if n >= 16384
+                     else '-'})
+        del q, k, v, grad
+    return rows
+
+
+def section_ssd(sizes: Sizes) -> List[Dict[str, object]]:
+    _, kernel = _kernels()
+    from mmlinvit.ops.ssd import ssd_scan_chunked
+    s = sizes.ssd_shape
+    dtype = torch.bfloat16 if not DRY else torch.float32
+    rows = []
+    for length in sizes.ssd_bench_lengths:
+        leaves = make_ssd_inputs(1, length, s['heads'], s['headdim'], s['groups'], s['d_state'],
+                                 dtype)
+        grad = torch.randn(1, length, s['heads'], s['headdim'], device=DEVICE).to(dtype)
+
+        def fb(fn):
+            def run():
+                torch.autograd.grad(fn(*leaves, chunk_size=s['chunk']), leaves, grad)
+            return run
+
+        with torch.no_grad():
+            t_torch = bench_ms(lambda: ssd_scan_chunked(*leaves, chunk_size=s['chunk']), DEVICE,
+                               sizes.repeats)
+            t_tri = bench_ms(lambda: kernel.ssd_scan_triton(*leaves, chunk_size=s['chunk']),
+                             DEVICE, sizes.repeats)
+        t_torch_fb = bench_ms(fb(ssd_scan_chunked), DEVICE, sizes.repeats)
+        t_tri_fb = bench_ms(fb(kernel.ssd_scan_triton), DEVICE, sizes.repeats)
+        rows.append({'L': length, 'torch ms': t_torch, 'triton ms': t_tri,
+                     'torch/triton': t_torch / t_tri, 'torch f+b ms': t_torch_fb,
+                     'triton f+b ms': t_tri_fb, 'f+b torch/triton': t_torch_fb / t_tri_fb})
+    return rows
+
+
+def section_backbones(sizes: Sizes) -> List[Dict[str, object]]:
+    from mmlinvit.backbones import Adventurer, VisionTransformer
+    dtype = torch.bfloat16 if not DRY else torch.float32
+    rows = []
+
+    def measure(label: str, pair: str, model: torch.nn.Module, hw: Tuple[int, int]) -> None:
+        model = model.to(device=DEVICE, dtype=dtype).eval()
+        images = torch.randn(1, 3, hw[0], hw[1], device=DEVICE, dtype=dtype)
+        with torch.no_grad():
+            fn = lambda: model(images)  # noqa: E731
+            fn()
+            mem = peak_mib(fn, DEVICE)
+            ms = bench_ms(fn, DEVICE, sizes.repeats)
+        rows.append({'pair': pair, 'model': label, 'size': f'{hw[0]}x{hw[1]}', 'ms': ms,
+                     'act MiB': mem})
+        del model, images
+        if DEVICE.type == 'cuda':
+            torch.cuda.empty_cache()
+
+    for hw in sizes.vit_l_sizes:
+        for op in ('softmax', 'elu'):
+            torch.manual_seed(0)
+            model = VisionTransformer(sizes.vit_l, family='dinov2', patch_size=14, img_size=518,
+                                      attn_cfg=op, out_type='featmap')
+            measure(f'ViT-L/14 {op}', 'ViT-L/14', model, hw)
+    for hw in sizes.pair_sizes:
+        torch.manual_seed(0)
+        measure('ViT-B/16 softmax', 'B-pair', VisionTransformer(
+            sizes.vit_b, family='deit', attn_cfg='softmax', out_type='featmap'), hw)
+        measure('Adventurer-B', 'B-pair', Adventurer(
+            sizes.adventurer_b, mixer_cfg=sizes.adventurer_mixer, with_mask_token=False,
+            out_type='featmap'), hw)
+    # ratios against the softmax model of the same pair and size
+    for r in rows:
+        base = next(b for b in rows if b['pair'] == r['pair'] and b['size'] == r['size']
+                    and 'softmax' in b['model'])
+        r['speed x'] = base['ms'] / r['ms']
+        r['mem frac'] = (r['act MiB'] / base['act MiB']
+                         if r['act MiB'] is not None and base['act MiB'] else None)
+    return rows
+
+
+def verdicts(la_rows: List[Dict[str, object]], bb_rows: List[Dict[str, object]]) -> List[str]:
+    lines = []
+    big = [r for r in la_rows if r['N'] >= 16384]
+    if big:
+        worst = min(r['HBM fwd'] for r in big)
+        lines.append(f'kernel HBM bandwidth at N >= 16k: min {worst:.0%} of peak (target 70%): '
+                     f'{"met" if worst >= 0.7 else "NOT met"}')
+    elu = next((r for r in bb_rows if r['model'] == 'ViT-L/14 elu' and r['size'] == '1024x1024'),
+               None)
+    if elu is not None:
+        mem = elu['mem frac']
+        ok = elu['speed x'] >= 1.7 and mem is not None and mem <= 0.4
+        lines.append(f"ViT-L/14 at 1024: {elu['speed x']:.2f}x the softmax model (target 1.7x) "
+                     f"at {mem if mem is None else f'{mem:.0%}'} of its activation memory "
+                     f"(target <= 40%): {'met' if ok else 'NOT met'}")
+    return lines
+
+
+def plot(result: Dict[str, object], path: str) -> None:
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    la = result.get('linear_attention') or []
+    if la:
+        n = [r['N'] for r in la]
+        for key, style in (('triton ms', 'o-'), ('torch ms', 's-'), ('sdpa ms', 'x--'),
+                           ('triton f+b ms', 'o:'), ('sdpa f+b ms', 'x:')):
+            axes[0].plot(n, [r[key] for r in la], style, label=key)
+        axes[0].set(xscale='log', yscale='log', xlabel='tokens N', ylabel='ms',
+                    title='linear attention op (B=1)')
+        axes[0].legend(fontsize=7)
+        axes[1].plot(n, [r['HBM fwd'] for r in la], 'o-', label='fwd')
+        axes[1].plot(n, [r['HBM f+b'] for r in la], 's-', label='fwd+bwd')
+        axes[1].axhline(0.7, color='gray', linestyle='--', label='target 70%')
+        axes[1].set(xscale='log', xlabel='tokens N', ylabel='fraction of peak HBM BW',
+                    title='Triton kernel bandwidth')
+        axes[1].legend(fontsize=7)
+    bb = result.get('backbones') or []
+    if bb:
+        labels = [f"{r['model']}\n{r['size']}" for r in bb]
+        axes[2].bar(range(len(bb)), [r['ms'] for r in bb],
+                    color=['C0' if 'softmax' in r['model'] else 'C1' for r in bb])
+        axes[2].set_xticks(range(len(bb)), labels, fontsize=6, rotation=60)
+        axes[2].set(ylabel='ms (batch 1)', yscale='log', title='backbones')
+    fig.suptitle(f"{result['device']} ({'dry run: timings meaningless' if DRY else 'bf16'})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+DEVICE = torch.device('cpu')
+DRY = False
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    global DEVICE, DRY
+    args = parse_args(argv)
+    DRY = args.dry_run
+    if DRY:
+        if os.environ.get('TRITON_INTERPRET') != '1':
+            raise SystemExit('--dry-run needs TRITON_INTERPRET=1 set before triton is imported '
+                             '(run the script directly, or export TRITON_INTERPRET=1)')
+        os.environ['MMLINVIT_LINEAR_ATTN_BACKEND'] = 'triton'
+        os.environ['MMLINVIT_SSD_BACKEND'] = 'triton'
+        DEVICE = torch.device('cpu')
+        sizes = dry_sizes()
+        torch.set_num_threads(min(2, torch.get_num_threads()))
+    else:
+        if not torch.cuda.is_available():
+            raise SystemExit('no CUDA device; run with --dry-run for the CPU smoke run')
+        DEVICE = torch.device('cuda')
+        sizes = full_sizes()
+    from mmlinvit.ops.triton_utils import triton_available
+    if not triton_available():
+        raise SystemExit('the suite needs triton')
+    import triton
+    name = torch.cuda.get_device_name(DEVICE) if DEVICE.type == 'cuda' else 'CPU (interpreter)'
+    peak_bw = args.peak_bw or next((bw for key, bw in PEAK_BW.items() if key in name), 4.8e12)
+    os.makedirs(args.out_dir, exist_ok=True)
+    result: Dict[str, object] = dict(device=name, torch=torch.__version__,
+                                     triton=triton.__version__, dry_run=DRY, peak_bw=peak_bw)
+    print(f'device: {name}  torch {torch.__version__}  triton {triton.__version__}  '
+          f'peak BW {peak_bw / 1e12:.2f} TB/s{"  (DRY RUN: timings meaningless)" if DRY else ""}')
+    t_start = time.perf_counter()
+    ok = True
+    if 'check' in args.sections:
+        la_rows, ssd_rows = section_check(sizes)
+        result['check_linear_attention'], result['check_ssd'] = la_rows, ssd_rows
+        print_table('1. correctness, linear attention (rel. Frobenius error vs fp32 torch path):',
+                    la_rows)
+        print_table('   correctness, SSD scan (rel. error vs fp32 chunked torch scan):', ssd_rows)
+        ok = all(r['ok'] == 'PASS' for r in la_rows + ssd_rows)
+        print(f'   correctness {"PASSED" if ok else "FAILED"} '
+              f'[{time.perf_counter() - t_start:.0f} s]')
+    la_rows = []
+    if 'la' in args.sections:
+        la_rows = section_linear_attention(sizes, peak_bw)
+        result['linear_attention'] = la_rows
+        print_table(f'2. linear attention op, B=1 H={sizes.la_heads} d={sizes.la_head_dim} '
+                    f'ELU+1 (median ms; HBM = fraction of {peak_bw / 1e12:.2f} TB/s) '
+                    f'[{time.perf_counter() - t_start:.0f} s]:', la_rows)
+    if 'ssd' in args.sections:
+        result['ssd'] = section_ssd(sizes)
+        print_table(f'3. SSD scan {sizes.ssd_shape} (median ms) '
+                    f'[{time.perf_counter() - t_start:.0f} s]:', result['ssd'])
+    bb_rows = []
+    if 'backbones' in args.sections:
+        bb_rows = section_backbones(sizes)
+        result['backbones'] = bb_rows
+        print_table('4. backbones, batch 1 inference (act MiB = peak above weights; speed x and '
+                    f'mem frac vs the softmax model) [{time.perf_counter() - t_start:.0f} s]:',
+                    bb_rows)
+    lines = verdicts(la_rows, bb_rows)
+    result['verdicts'] = lines
+    result['correctness_ok'] = ok
+    result['seconds'] = time.perf_counter() - t_start
+    for line in lines:
+        print(line)
+    with open(os.path.join(args.out_dir, 'suite.json'), 'w') as f:
+        json.dump(result, f, indent=2)
+    plot(result, os.path.join(args.out_dir, 'suite.png'))
+    print(f'total {result["seconds"]:.0f} s; correctness {"PASSED" if ok else "FAILED"}; '
+          f'wrote {args.out_dir}/suite.json and suite.png')
+    return 0 if ok else 1
+
+
+if __name__ == '__main__':
+    sys.exit(main())

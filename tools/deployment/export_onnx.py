@@ -1,0 +1,128 @@
+"""Export a linearized student (ViT or Adventurer) or a softmax teacher to ONNX and check it.
+
+``python tools/deployment/export_onnx.py CONFIG CHECKPOINT`` builds the config's model,
+loads the checkpoint (runner checkpoint, exported ``student_backbone.pth`` or any state dict
+whose keys match under ``backbone.`` / ``student.`` / ``teacher.`` ...) and writes ONE ONNX
+file:
+
+* ``--part auto`` (default): mmseg segmentors and mmpretrain classifiers export whole, in
+  ``mode='tensor'`` (segmentation: decode-head logits, (B, classes, H / 4, W / 4) for UPerNet;
+  classification: class logits); a distillation model exports its student's backbone (a bare
+  backbone student) or its student task model; ``--part backbone`` exports the backbone only
+  (outputs ``out0``... = the ``out_indices`` features);
+* ``--which teacher`` exports a distillation config's softmax teacher instead of the student.
+
+The graph has a FIXED input size, ``--shape H W`` (default: the config's crop), batch
+``--batch``: the ViTs resample their position grid to the input grid in ``forward``, so the
+grid is part of the graph; export once per deployment resolution.  ``torch.onnx.export`` runs
+with ``dynamo=True`` (``torch.export``); while exporting, kernel linear attention takes its
+whole-tensor form (``linear_attention_graph``).
+
+The file is then run with onnxruntime (CPU) on a random input and compared with PyTorch; the
+maximum absolute error per output is printed, and the exit code is 1 when it exceeds
+``--atol`` plus ``--rtol`` times the largest PyTorch magnitude.
+
+Example::
+
+    PYTHONPATH=. python tools/deployment/export_onnx.py \\
+        configs/segmentation/upernet_adala-dinov2-l-elu_8xb2-160k_ade20k-518x518.py \\
+        work_dirs/x/iter_160000.pth --out work_dirs/x/model.onnx
+"""
+import argparse
+import ast
+import json
+import os
+import sys
+import time
+from typing import Any, Dict, List, Optional
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, HERE)
+
+from onnx_tools import (DEFAULT_OPSET, PARTS, WHICH, build_export_module,  # noqa: E402
+                        export_onnx, max_abs_errors, onnxruntime_outputs, onnxruntime_session)
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('config')
+    parser.add_argument('checkpoint', help="checkpoint file, or 'none' for random weights")
+    parser.add_argument('--out', default=None,
+                        help='output .onnx (default: next to the checkpoint / work_dirs/onnx)')
+    parser.add_argument('--part', default='auto', choices=PARTS)
+    parser.add_argument('--which', default='student', choices=WHICH)
+    parser.add_argument('--shape', nargs=2, type=int, default=None, metavar=('H', 'W'),
+                        help="input size baked into the graph (default: the config's crop)")
+    parser.add_argument('--batch', type=int, default=1)
+    parser.add_argument('--opset', type=int, default=DEFAULT_OPSET)
+    parser.add_argument('--atol', type=float, default=1e-4)
+    parser.add_argument('--rtol', type=float, default=1e-4,
+                        help='tolerance relative to the largest |PyTorch output|')
+    parser.add_argument('--threads', type=int, default=2, help='onnxruntime intra-op threads')
+    parser.add_argument('--no-check', action='store_true', help='skip the onnxruntime check')
+    parser.add_argument('--cfg-options', nargs='+', default=[],
+                        help='key=value config overrides (python literals)')
+    return parser.parse_args(argv)
+
+
+def _cfg_options(items: List[str]) -> Optional[Dict[str, Any]]:
+    options = {}
+    for item in items:
+        if '=' not in item:
+            raise SystemExit(f'--cfg-options entry {item!r} is not key=value')
+        key, value = item.split('=', 1)
+        try:
+            options[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            options[key] = value
+    return options or None
+
+
+def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
+    args = parse_args(argv)
+    checkpoint = None if args.checkpoint.lower() == 'none' else args.checkpoint
+    if checkpoint is not None and not os.path.isfile(checkpoint):
+        raise SystemExit(f'error: checkpoint {checkpoint} does not exist (pass "none" to export '
+                         'random weights)')
+    module, info = build_export_module(args.config, checkpoint, args.part, args.which,
+                                       _cfg_options(args.cfg_options))
+    h, w = args.shape or info['crop']
+    out = args.out or os.path.join(
+        os.path.dirname(os.path.abspath(checkpoint)) if checkpoint else
+        os.path.join(ROOT, 'work_dirs', 'onnx'),
+        f'{os.path.splitext(os.path.basename(args.config))[0]}_{args.which}_{info["part"]}_'
+        f'{h}x{w}.onnx')
+    torch.manual_seed(0)
+    images = torch.randn(args.batch, 3, h, w)
+    t0 = time.perf_counter()
+    names = export_onnx(module, images, out, args.opset)
+    info.update(onnx=out, shape=[args.batch, 3, h, w], outputs=names,
+                export_s=round(time.perf_counter() - t0, 1))
+    print(f'exported {info["which"]} {info["part"]} ({info["model"]}, backbone '
+          f'{info["backbone"]}) at {args.batch}x3x{h}x{w} to {out} in {info["export_s"]} s')
+    if not args.no_check:
+        with torch.no_grad():
+            ref = list(module(images))
+        got = onnxruntime_outputs(onnxruntime_session(out, args.threads), images)
+        errors = max_abs_errors(got, ref)
+        scale = max(float(r.abs().max()) for r in ref)
+        bound = args.atol + args.rtol * scale
+        info.update(max_abs_error=errors, max_abs_reference=scale, tolerance=bound)
+        for name, err, r in zip(names, errors, ref):
+            print(f'  {name} {tuple(r.shape)}: max |onnxruntime - pytorch| = {err:.3e}')
+        print(f'  tolerance {bound:.3e} (atol {args.atol} + rtol {args.rtol} x max |ref| '
+              f'{scale:.3e})')
+        if max(errors) > bound:
+            print(json.dumps(info))
+            raise SystemExit(1)
+    print(json.dumps(info))
+    return info
+
+
+if __name__ == '__main__':
+    main()

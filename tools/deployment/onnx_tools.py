@@ -1,0 +1,279 @@
+"""Shared pieces of the ONNX deployment tools (:mod:`export_onnx`, :mod:`benchmark_onnx`).
+
+* :func:`build_export_module` builds the model of a config through the OpenMMLab registries,
+  loads a checkpoint (``torch.load(weights_only=True)``, strict) and returns the module to
+  export: the whole task model in ``mode='tensor'`` (mmseg segmentor: decode-head logits;
+  mmpretrain classifier: class logits) or a backbone (tuple of its outputs) - the student of
+  a distillation model by default, its softmax teacher with ``which='teacher'``.
+* :func:`export_onnx` runs ``torch.onnx.export(dynamo=True)`` (``torch.export`` based; linear
+  attention takes its whole-tensor graph form while exporting) at a FIXED input size: the
+  ViTs resample their position grid to the input grid inside ``forward``, so the grid is
+  part of the graph.  Export once per deployment resolution.
+* :func:`onnxruntime_outputs` / :func:`max_abs_errors` run the file with onnxruntime (CPU
+  execution provider) and compare it with PyTorch.
+
+Imports of onnx / onnxruntime / OpenMMLab happen inside the functions that need them.
+"""
+import os
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn as nn
+
+PARTS = ('auto', 'model', 'backbone')
+WHICH = ('student', 'teacher')
+DEFAULT_OPSET = 18
+
+
+class BackboneExport(nn.Module):
+    """A backbone whose forward returns a tuple of tensors (ONNX outputs ``out0``...).
+
+    Args:
+        backbone: Any mmlinvit backbone (``forward(images) -> tuple``).
+    """
+
+    def __init__(self, backbone: nn.Module) -> None:
+        super().__init__()
+        self.backbone = backbone
+
+    def forward(self, images: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        outs = self.backbone(images)
+        return tuple(outs) if isinstance(outs, (tuple, list)) else (outs, )
+
+
+class TaskModelExport(nn.Module):
+    """An OpenMMLab task model in ``mode='tensor'`` (segmentor logits / classifier logits).
+
+    Args:
+        model: An mmseg segmentor or an mmpretrain classifier.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, images: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        outs = self.model(images, None, mode='tensor')
+        return tuple(outs) if isinstance(outs, (tuple, list)) else (outs, )
+
+
+def _state_dict_of(path: str) -> Dict[str, torch.Tensor]:
+    """The weights of a runner checkpoint (``state_dict``) or of a bare state-dict file."""
+    from mmlinvit.converters.checkpoint_file import check_checkpoint_file
+    check_checkpoint_file(path)
+    obj = torch.load(path, map_location='cpu', weights_only=True)
+    if isinstance(obj, dict) and isinstance(obj.get('state_dict'), dict):
+        obj = obj['state_dict']
+    if not isinstance(obj, dict) or not all(torch.is_tensor(v) for v in obj.values()):
+        raise ValueError(f'{path}: not a state dict or a runner checkpoint with a state_dict')
+    return obj
+
+
+def load_weights(module: nn.Module, path: str, where: str) -> str:
+    """Loads ``path`` strictly into ``module``; a whole-model file may hold it under a prefix.
+
+    Args:
+        module: The module the weights are for.
+        path: Checkpoint file.
+        where: Name of the module for messages (``'model'``, ``'student backbone'``...).
+
+    A ViT backbone also takes any layout :mod:`mmlinvit.converters` reads (timm, DINOv2 hub,
+    OpenAI CLIP, mmpretrain: a softmax teacher's original checkpoint) when no prefix matches.
+
+    Returns:
+        The key prefix the weights were taken from (``''`` for an exact match), or
+        ``'converted'`` when the converters loaded them.
+
+    Raises:
+        ValueError: the keys match but some shapes do not (named).
+        KeyError: no prefix of the file matches the module exactly (and, for a ViT, the
+            converters refused it too); the message lists the missing / unexpected keys of
+            the closest candidate.
+    """
+    from mmlinvit.backbones import VisionTransformer
+    state = _state_dict_of(path)
+    own = set(module.state_dict().keys())
+    candidates = ['', 'backbone.', 'student.', 'student.backbone.', 'teacher.',
+                  'teacher.backbone.', 'model.']
+    best: Optional[Tuple[int, str, List[str], List[str]]] = None
+    for prefix in candidates:
+        sub = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+        missing = sorted(own - set(sub))
+        unexpected = sorted(set(sub) - own) if prefix == '' else []
+        if not missing and not unexpected:
+            own_state = module.state_dict()
+            shapes = [f'{k}: {tuple(v.shape)} vs {tuple(own_state[k].shape)}'
+                      for k, v in sub.items() if tuple(v.shape) != tuple(own_state[k].shape)]
+            if shapes:
+                raise ValueError(f'{path} has the keys of the {where} but other shapes '
+                                 f'(checkpoint vs model; another size or config?): '
+                                 f'{shapes[:6]}{"..." if len(shapes) > 6 else ""}')
+            module.load_state_dict(sub, strict=True)
+            return prefix
+        score = len(missing) + len(unexpected)
+        if best is None or score < best[0]:
+            best = (score, prefix, missing, unexpected)
+    _, prefix, missing, unexpected = best
+    if isinstance(module, VisionTransformer):
+        from mmlinvit.converters import load_pretrained
+        try:
+            load_pretrained(module, path)
+            return 'converted'
+        except (KeyError, ValueError) as err:
+            raise KeyError(f'{path} does not hold the weights of the {where} in the canonical '
+                           f'layout (closest key prefix {prefix!r} misses {missing[:8]}), and '
+                           f'the converters refused it: {err}') from err
+    raise KeyError(f'{path} does not hold the weights of the {where}: closest key prefix '
+                   f'{prefix!r} misses {missing[:8]}{"..." if len(missing) > 8 else ""} and has '
+                   f'unexpected {unexpected[:8]}{"..." if len(unexpected) > 8 else ""}')
+
+
+def _drop_checkpoint_loading(node: Any) -> None:
+    """Removes ``pretrained`` / ``Pretrained`` init / teacher checkpoints from a model config
+    (the weights come from the exported checkpoint instead)."""
+    if isinstance(node, dict):
+        if node.get('pretrained'):
+            node['pretrained'] = None
+        init_cfg = node.get('init_cfg')
+        if isinstance(init_cfg, dict) and init_cfg.get('type') == 'Pretrained':
+            node['init_cfg'] = None
+        for key in list(node):
+            if (key.endswith('_ckpt') or key.endswith('checkpoint')) and isinstance(
+                    node[key], str):
+                node[key] = None
+        for value in node.values():
+            _drop_checkpoint_loading(value)
+    elif isinstance(node, (list, tuple)):
+        for value in node:
+            _drop_checkpoint_loading(value)
+
+
+def build_export_module(config: str,
+                        checkpoint: Optional[str],
+                        part: str = 'auto',
+                        which: str = 'student',
+                        cfg_options: Optional[Dict[str, Any]] = None
+                        ) -> Tuple[nn.Module, Dict[str, Any]]:
+    """Builds the module to export from a config and a checkpoint.
+
+    Args:
+        config: Config file.
+        checkpoint: Checkpoint file (runner checkpoint, exported student backbone or any
+            state dict whose keys match under one of the usual prefixes); ``None`` keeps the
+            random initialisation (tests, benchmarks).
+        part: ``'model'`` (task model, ``mode='tensor'``), ``'backbone'``, or ``'auto'``
+            (the task model for mmseg / mmpretrain task models, the backbone otherwise).
+        which: For distillation models: ``'student'`` or ``'teacher'``.
+        cfg_options: Config overrides (``{'model.backbone.arch': 't'}``).
+
+    Returns:
+        The eval-mode export module and a description dict (what was exported, crop size,
+        checkpoint prefix).
+    """
+    from mmengine.model import BaseModel
+    from mmengine.registry import MODELS, init_default_scope
+
+    from mmlinvit.engine.launch import adapt_to_device, load_config
+    from mmlinvit.models.distill import DistillationModel
+    if part not in PARTS:
+        raise ValueError(f'part must be one of {PARTS}, got {part!r}')
+    if which not in WHICH:
+        raise ValueError(f'which must be one of {WHICH}, got {which!r}')
+    cfg = load_config(config, cfg_options)
+    init_default_scope(cfg.get('default_scope', 'mmseg'))
+    _drop_checkpoint_loading(cfg.model)
+    if cfg.get('data_preprocessor') is not None:  # as mmengine's Runner merges it
+        cfg.model.setdefault('data_preprocessor', cfg.data_preprocessor)
+    adapt_to_device(cfg)
+    model = MODELS.build(cfg.model)
+    if isinstance(model, DistillationModel):
+        if which == 'teacher' and model.teacher is None:
+            raise ValueError(f'{config}: the distillation model has no teacher to export')
+        task = model.student if which == 'student' else model.teacher
+        backbone = model.student_backbone() if which == 'student' else model.teacher_backbone()
+    else:
+        if which == 'teacher':
+            raise ValueError(f'{config} is not a distillation model; export its teacher from '
+                             "the teacher's own config (or with which='student')")
+        task, backbone = model, getattr(model, 'backbone', model)
+    if part == 'auto':
+        part = 'model' if isinstance(task, BaseModel) and task is not backbone else 'backbone'
+    if part == 'model' and not (isinstance(task, BaseModel) and task is not backbone):
+        raise ValueError(f'{config}: the {which} is a bare backbone; export part "backbone"')
+    prefix = None
+    if checkpoint is not None:
+        # Whole-model files load into the whole model (distillation: teacher weights are not
+        # saved, so load what exists into the exported part instead).
+        target = task if part == 'model' else backbone
+        prefix = load_weights(target, checkpoint, f'{which} {part}')
+    module = TaskModelExport(task) if part == 'model' else BackboneExport(backbone)
+    module.eval()
+    info = dict(config=config, checkpoint=checkpoint, part=part, which=which,
+                model=type(task).__name__, backbone=type(backbone).__name__,
+                checkpoint_prefix=prefix, crop=_config_crop(cfg, backbone))
+    return module, info
+
+
+def _config_crop(cfg: Any, backbone: nn.Module) -> Tuple[int, int]:
+    crop = cfg.get('crop_size', None)
+    if crop is None:
+        crop = (cfg.model.get('data_preprocessor') or {}).get('size', None)
+    if crop is None:
+        crop = getattr(backbone, 'img_size', (224, 224))
+    if isinstance(crop, int):
+        crop = (crop, crop)
+    return int(crop[0]), int(crop[1])
+
+
+def export_onnx(module: nn.Module, images: torch.Tensor, path: str,
+                opset: int = DEFAULT_OPSET) -> List[str]:
+    """Exports ``module(images)`` to ``path`` (fixed input shape); returns output names.
+
+    Args:
+        module: Eval-mode module returning a tuple of tensors.
+        images: Example input (B, 3, H, W); its shape is baked into the graph.
+        path: Output ``.onnx`` file (weights stored inside the file).
+        opset: ONNX opset.
+    """
+    with torch.no_grad():
+        n_out = len(module(images))
+    names = [f'out{i}' for i in range(n_out)]
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with torch.no_grad():
+        program = torch.onnx.export(module, (images, ), dynamo=True, opset_version=opset,
+                                     input_names=['images'], output_names=names,
+                                     external_data=False, verbose=False)
+    program.save(path, external_data=False)
+    return names
+
+
+def onnxruntime_session(path: str, threads: int = 2) -> Any:
+    """An onnxruntime CPU session with ``threads`` intra-op threads."""
+    import onnxruntime as ort
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    # No busy-waiting of idle pool threads: on a shared CPU, spinning threads steal the cores
+    # the working ones need.
+    options.add_session_config_entry('session.intra_op.allow_spinning', '0')
+    return ort.InferenceSession(path, options, providers=['CPUExecutionProvider'])
+
+
+def onnxruntime_outputs(session: Any, images: torch.Tensor) -> List[torch.Tensor]:
+    """Runs the session on ``images``; outputs as torch tensors."""
+    outs = session.run(None, {session.get_inputs()[0].name: images.numpy()})
+    return [torch.from_numpy(o) for o in outs]
+
+
+def max_abs_errors(got: Sequence[torch.Tensor], ref: Sequence[torch.Tensor]) -> List[float]:
+    """max |got - ref| per output (shapes must match)."""
+    if len(got) != len(ref):
+        raise ValueError(f'{len(got)} onnxruntime outputs vs {len(ref)} PyTorch outputs')
+    errors = []
+    for i, (a, b) in enumerate(zip(got, ref)):
+        if tuple(a.shape) != tuple(b.shape):
+            raise ValueError(f'output {i}: onnxruntime shape {tuple(a.shape)} vs PyTorch '
+                             f'{tuple(b.shape)}')
+        errors.append(float((a.float() - b.float()).abs().max()))
+    return errors
