@@ -283,9 +283,10 @@ def test_distillation_model_weight_transfer_takes_type():
     from mmlinvit.registry import MODELS
     arch = dict(embed_dims=32, num_layers=2, num_heads=2, mlp_hidden_dims=64)
     common = dict(arch=arch, img_size=32, patch_size=8, out_type='raw')
-    cfg = dict(type='DistillationModel',
-               student=dict(type='VisionTransformer', attn_cfg='elu', **common),
-               teacher=dict(type='VisionTransformer', attn_cfg='softmax', **common),
+    # Scoped names: an earlier test in the same process may have set mmseg's default scope.
+    cfg = dict(type='mmlinvit.DistillationModel',
+               student=dict(type='mmlinvit.VisionTransformer', attn_cfg='elu', **common),
+               teacher=dict(type='mmlinvit.VisionTransformer', attn_cfg='softmax', **common),
                weight_transfer=dict(type='full_copy'), check_input_size=(32, 32))
     model = MODELS.build(cfg)
     model.init_weights()
