@@ -19,8 +19,8 @@ from typing import Sequence
 import torch
 import torch.nn as nn
 
-from .token_utils import (TensorOrSeq, as_tensor_list, check_same_length, check_same_shape,
-                          patch_tokens, reduce_over_records)
+from .token_mse import token_records_mse
+from .token_utils import TensorOrSeq
 
 
 def normalized_mse(student: torch.Tensor, teacher: torch.Tensor, eps: float) -> torch.Tensor:
@@ -79,20 +79,8 @@ class NormalizedAttentionOutputMSELoss(nn.Module):
             student_token_layout: Student ``(prefix, suffix)`` special-token counts.
             teacher_token_layout: Teacher ``(prefix, suffix)`` special-token counts.
         """
-        what = type(self).__name__
-        s_list = as_tensor_list(student_outputs, 'the student record')
-        t_list = as_tensor_list(teacher_outputs, 'the teacher record')
-        check_same_length(s_list, t_list, what)
-        values = []
-        for idx, (s, t) in enumerate(zip(s_list, t_list)):
-            if self.patch_tokens_only:
-                s = patch_tokens(s, student_token_layout, f'student record {idx}')
-                t = patch_tokens(t, teacher_token_layout, f'teacher record {idx}')
-            hint = None
-            if s.ndim == 3 and t.ndim == 3 and s.shape[-1] == t.shape[-1]:
-                if not self.patch_tokens_only:
-                    hint = ('the token counts differ: set patch_tokens_only=True and map the '
-                            'student/teacher token layouts')
-            check_same_shape(s, t, f'{what} record {idx}', hint)
-            values.append(normalized_mse(s, t, self.eps))
-        return self.loss_weight * reduce_over_records(values, self.block_reduction)
+        value = token_records_mse(student_outputs, teacher_outputs, self.patch_tokens_only,
+                                  student_token_layout, teacher_token_layout,
+                                  self.block_reduction, type(self).__name__,
+                                  pair_loss=lambda s, t: normalized_mse(s, t, self.eps))
+        return self.loss_weight * value

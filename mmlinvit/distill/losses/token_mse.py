@@ -1,5 +1,5 @@
 """Mean-squared error between student and teacher token records (one or one per block)."""
-from typing import Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -14,7 +14,9 @@ def token_records_mse(student: TensorOrSeq,
                       student_token_layout: Sequence[int],
                       teacher_token_layout: Sequence[int],
                       reduction: str,
-                      what: str) -> torch.Tensor:
+                      what: str,
+                      pair_loss: Optional[Callable[[torch.Tensor, torch.Tensor],
+                                                   torch.Tensor]] = None) -> torch.Tensor:
     """MSE (mean over all elements) per record pair, reduced over records.
 
     Args:
@@ -25,6 +27,8 @@ def token_records_mse(student: TensorOrSeq,
         teacher_token_layout: Teacher ``(prefix, suffix)`` special-token counts.
         reduction: ``'mean'`` or ``'sum'`` over records.
         what: Loss name, for error messages.
+        pair_loss: Loss of one (student, teacher) record pair after token selection and shape
+            checks; None for ``F.mse_loss`` in float32 with the teacher detached.
 
     Returns:
         Scalar loss (float32).
@@ -44,5 +48,6 @@ def token_records_mse(student: TensorOrSeq,
         elif s.ndim == t.ndim and s.shape[-1] != t.shape[-1]:
             hint = 'the widths differ: add a connector projecting the student width'
         check_same_shape(s, t, f'{what} record {idx}', hint)
-        values.append(F.mse_loss(s.float(), t.detach().float()))
+        values.append(pair_loss(s, t) if pair_loss is not None
+                      else F.mse_loss(s.float(), t.detach().float()))
     return reduce_over_records(values, reduction)
