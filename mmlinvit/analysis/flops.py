@@ -18,7 +18,7 @@ that counts aten ops by shape, so it also works on ``torch.device('meta')`` tens
   mode never sees (Triton): while counting, the class's ``apply`` is wrapped so that its FLOPs
   come from a formula of its inputs and whatever aten FLOPs its forward issued are discarded
   (no double counting).  The Triton linear-attention Function of
-  :mod:`mmlinvit.ops.linear_attention.fused` is registered by default when that kernel path
+  :mod:`mmlinvit.ops.linear_attention.triton_kernel` is registered by default when that kernel path
   can be taken (triton installed and CUDA or ``TRITON_INTERPRET=1``); its formula equals what
   the PyTorch path is counted, so a model counts the same on either backend.
 
@@ -38,14 +38,14 @@ import torch
 import torch.nn as nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from mmlinvit.ops.linear_attention.dispatch import triton_available, triton_interpreter_enabled
+from mmlinvit.ops.triton_utils import triton_available, triton_interpreter_enabled
 
 #: The counting convention, stated by every tool that prints FLOPs.
 FLOP_CONVENTION = ('FLOPs = 2 x MACs (one multiply-add = 2 FLOPs; matmul, conv, SDPA and the '
                    'linear-attention kernel counted; element-wise ops, norms and softmax not)')
 
 #: Module holding the Triton linear-attention autograd Function (imports triton).
-FUSED_LINEAR_ATTENTION_MODULE = 'mmlinvit.ops.linear_attention.fused'
+TRITON_LINEAR_ATTENTION_MODULE = 'mmlinvit.ops.linear_attention.triton_kernel'
 
 #: Attention operators with a closed-form count in :func:`attention_flops`.
 ANALYTIC_OPERATORS = ('softmax', 'elu', 'relu', 'identity', 'inline')
@@ -116,7 +116,7 @@ def extra_sdpa_ops() -> Tuple[Any, ...]:
                  if hasattr(torch.ops.aten, name))
 
 
-def fused_linear_attention_function() -> Optional[type]:
+def triton_linear_attention_function() -> Optional[type]:
     """The Triton linear-attention autograd Function, when its kernel path can run.
 
     The module is imported only when triton is installed and the kernels can actually be
@@ -126,20 +126,20 @@ def fused_linear_attention_function() -> Optional[type]:
     Returns:
         The Function class, or ``None``.
     """
-    module = sys.modules.get(FUSED_LINEAR_ATTENTION_MODULE)
+    module = sys.modules.get(TRITON_LINEAR_ATTENTION_MODULE)
     if module is None:
         usable = triton_available() and (torch.cuda.is_available()
                                          or triton_interpreter_enabled())
         if not usable:
             return None
-        module = importlib.import_module(FUSED_LINEAR_ATTENTION_MODULE)
+        module = importlib.import_module(TRITON_LINEAR_ATTENTION_MODULE)
     return module._FusedLinearAttention
 
 
 def default_function_formulas() -> Dict[type, FunctionFlopFormula]:
     """Formulas of this package's custom autograd Functions (see
-    :func:`fused_linear_attention_function`)."""
-    function = fused_linear_attention_function()
+    :func:`triton_linear_attention_function`)."""
+    function = triton_linear_attention_function()
     return {} if function is None else {function: linear_attention_function_flops}
 
 

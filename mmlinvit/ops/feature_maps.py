@@ -28,9 +28,13 @@ FEATURE_MAPS: Dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 
 
 def get_feature_map(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
-    """Returns the feature map registered as ``name`` (``elu``, ``relu`` or ``identity``)."""
+    """Returns the feature map registered as ``name`` (``elu``, ``relu`` or ``identity``).
+
+    Raises:
+        ValueError: listing the registered names.
+    """
     if name not in FEATURE_MAPS:
-        raise KeyError(f'Unknown feature map {name!r}; available: {sorted(FEATURE_MAPS)}')
+        raise ValueError(f'Unknown feature map {name!r}; available: {sorted(FEATURE_MAPS)}')
     return FEATURE_MAPS[name]
 
 

@@ -2,12 +2,16 @@
 
 Two groups:
 
-* kernel side (used by :mod:`.linear_attention.fused` and :mod:`.ssd.triton_kernel`): whether
-  ``@triton.jit`` decorates for the CPU interpreter, what keeps the interpreter from running,
-  the device check of the launches, the ``tl.dot`` input precision and the device guard;
+* kernel side (used by the two ``triton_kernel`` modules): whether ``@triton.jit`` decorates
+  for the CPU interpreter, what keeps the interpreter from running, the device check of the
+  launches, the ``tl.dot`` input precision and the device guard;
+* both sides: the kernels' limits (:data:`KERNEL_MAX_HEAD_DIM`, :data:`KERNEL_DTYPES`,
+  :func:`kernel_limits_reason`), so that the dispatcher's choice and the kernel's own check
+  give the same reason;
 * dispatcher side (used by the two ``dispatch`` modules): triton availability (checked with
   :func:`importlib.util.find_spec`, nothing imported), the ``TRITON_INTERPRET`` switch, the
-  backend environment variable, the log-once of a choice and the ``auto`` selection.
+  requested backend (argument, environment variable), the errors of a forced ``'triton'``, the
+  log-once of a choice and the ``auto`` selection.
 
 This module does not import triton at import time: the functions that need it import it when
 called, so the dispatchers can use it on machines without triton.
@@ -16,7 +20,7 @@ import contextlib
 import importlib.util
 import logging
 import os
-from typing import Callable, ContextManager, Optional, Set, Tuple
+from typing import Callable, ContextManager, Dict, Optional, Sequence, Set, Tuple
 
 import torch
 
@@ -158,3 +162,81 @@ def choose_auto_backend(device: torch.device, kernel_available: Callable[[], boo
         return 'torch'
     log_choice('triton', 'auto: CUDA tensors and triton installed')
     return 'triton'
+
+
+def requested_backend(backend: Optional[str], choices: Sequence[str], env_var: str,
+                      env_choices: Sequence[str], operation: str) -> str:
+    """The backend asked for: the ``backend`` argument, else ``env_var``, else ``'auto'``.
+
+    Args:
+        backend: The argument (``None`` defers to the environment variable).
+        choices: Names the argument accepts (``'auto'`` included).
+        env_var: Environment variable read when ``backend`` is None.
+        env_choices: Names the environment variable accepts.
+        operation: How errors name the operation, e.g. ``'SSD scan'``.
+
+    Returns:
+        One of ``choices``.
+
+    Raises:
+        ValueError: naming the unknown value and the accepted ones.
+    """
+    if backend is not None:
+        if backend not in choices:
+            raise ValueError(f'Unknown {operation} backend {backend!r}; available: '
+                             f'{list(choices)} (or None)')
+        return backend
+    env = backend_from_env(env_var)
+    if env not in env_choices:
+        raise ValueError(f'{env_var}={env!r} is not a {operation} backend; available: '
+                         f'{list(env_choices)}')
+    return env
+
+
+def check_forced_triton(device: torch.device, kernel_available: bool,
+                        unsupported_reason: Callable[[], Optional[str]],
+                        operation: str) -> None:
+    """Raises when ``backend='triton'`` was forced but the kernel cannot run these inputs.
+
+    Args:
+        device: Device of the inputs.
+        kernel_available: Whether triton (and the kernel module) is installed.
+        unsupported_reason: Why the kernel cannot take the inputs, or None when it can.
+        operation: How errors name the operation, e.g. ``'SSD scan'``.
+
+    Raises:
+        RuntimeError: triton missing, or CPU tensors without ``TRITON_INTERPRET=1``.
+        ValueError: inputs outside the kernel's limits (the reason is named).
+    """
+    if not kernel_available:
+        raise RuntimeError(f"{operation} backend='triton' was requested but triton is not "
+                           "installed; install triton or use backend='torch'")
+    if device.type != 'cuda' and not triton_interpreter_enabled():
+        raise RuntimeError(f"{operation} backend='triton' needs CUDA tensors (got {device}); "
+                           'set TRITON_INTERPRET=1 to run the kernels in the Triton CPU '
+                           "interpreter, or use backend='torch'")
+    reason = unsupported_reason()
+    if reason is not None:
+        raise ValueError(f"{operation} backend='triton' cannot take these inputs: {reason}; "
+                         "use backend='torch'")
+
+
+def kernel_limits_reason(dims: Dict[str, int],
+                         tensors: Sequence[Tuple[str, torch.Tensor]]) -> Optional[str]:
+    """Why inputs are outside the kernels' limits (:data:`KERNEL_MAX_HEAD_DIM`, dtypes), or None.
+
+    Args:
+        dims: Name -> size of the dims the kernels tile in registers (head dims, state size).
+        tensors: (name, tensor) of every input (dtype check; all on one device).
+    """
+    too_big = {name: size for name, size in dims.items() if size > KERNEL_MAX_HEAD_DIM}
+    if too_big:
+        return f'head dims / state size {too_big}, supported <= {KERNEL_MAX_HEAD_DIM}'
+    for name, t in tensors:
+        if t.dtype not in KERNEL_DTYPES:
+            return (f'{name} has dtype {t.dtype}; the kernels take '
+                    f'{[str(d) for d in KERNEL_DTYPES]}')
+    devices = {str(t.device) for _, t in tensors}
+    if len(devices) != 1:
+        return f'inputs are on different devices: {sorted(devices)}'
+    return None

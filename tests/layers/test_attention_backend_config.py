@@ -4,6 +4,7 @@ import torch
 
 from mmlinvit.layers.attention import build_attention_operator
 from mmlinvit.ops.linear_attention import BACKEND_ENV_VAR, dispatch
+from mmlinvit.ops.triton_utils import triton_available, triton_interpreter_enabled
 
 KERNEL_OPERATORS = ('elu', 'relu', 'hedgehog', 'inline')
 
@@ -54,9 +55,9 @@ def test_invalid_config_backend_is_refused_at_build(op_type):
 
 def test_config_triton_wins_over_env_torch(monkeypatch, chosen_backends):
     """backend='triton' in the config runs the kernel although the env var says torch."""
-    if not (torch.cuda.is_available() or dispatch.triton_interpreter_enabled()):
+    if not (torch.cuda.is_available() or triton_interpreter_enabled()):
         pytest.skip('needs CUDA or TRITON_INTERPRET=1')
-    if not dispatch.triton_available():
+    if not triton_available():
         pytest.skip('triton is not installed')
     device = 'cuda' if torch.cuda.is_available() else 'cpu'
     x = torch.randn(1, 5, 16, device=device)

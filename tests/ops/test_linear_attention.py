@@ -14,9 +14,9 @@ from torch.profiler import ProfilerActivity, profile
 
 from mmlinvit.ops.linear_attention import (BACKEND_ENV_VAR, inline_attention,
                                            inline_attention_torch, linear_attention,
-                                           linear_attention_chunked, linear_attention_graph,
-                                           linear_attention_map_naive, linear_attention_naive,
-                                           linear_attention_torch, select_backend)
+                                           linear_attention_graph, linear_attention_map_naive,
+                                           linear_attention_naive, linear_attention_torch,
+                                           select_backend)
 from mmlinvit.ops.linear_attention import dispatch
 
 
@@ -41,8 +41,8 @@ def test_torch_matches_naive(feature_map, n, m, d, e):
     if feature_map == 'identity':
         q, k = _positive_signed(q), _positive_signed(k)
     phi = get_feature_map(feature_map)
-    ref = linear_attention_naive(phi(q), phi(k), v)
-    out = linear_attention_torch(phi(q), phi(k), v)
+    ref = linear_attention_naive(phi(q), phi(k), v, 'identity')
+    out = linear_attention_torch(phi(q), phi(k), v, 'identity')
     assert out.shape == (1, 2, n, e) and out.dtype == v.dtype
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
     # The dispatch entry point on CPU is the torch path with the map applied inside.
@@ -53,7 +53,7 @@ def test_torch_gradients_match_naive():
     q, k, v = _qkv(63, 97, 32, 16, batch=2, requires_grad=True)
     grad = torch.randn(2, 2, 63, 16)
     phi = get_feature_map('elu')
-    ref = torch.autograd.grad(linear_attention_naive(phi(q), phi(k), v), (q, k, v), grad)
+    ref = torch.autograd.grad(linear_attention_naive(phi(q), phi(k), v, 'identity'), (q, k, v), grad)
     out = torch.autograd.grad(linear_attention(q, k, v, 'elu', backend='torch'), (q, k, v), grad)
     for a, b in zip(out, ref):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
@@ -64,7 +64,7 @@ def test_torch_accepts_strided_views_and_does_not_modify_inputs():
     q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
     before = qkv.clone()
     out = linear_attention(q, k, v, 'identity')
-    ref = linear_attention_naive(q.contiguous(), k.contiguous(), v.contiguous())
+    ref = linear_attention_naive(q.contiguous(), k.contiguous(), v.contiguous(), 'identity')
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
     assert torch.equal(qkv, before)
 
@@ -94,7 +94,7 @@ def _reference_grads(feature_map, q, k, v, grad):
     q0, k0, v0 = (t.detach().double().requires_grad_() for t in (q, k, v))
     qq, kk = (_positive_signed(q0), _positive_signed(k0)) if feature_map == 'identity' \
         else (q0, k0)
-    out = linear_attention_naive(phi(qq), phi(kk), v0)
+    out = linear_attention_naive(phi(qq), phi(kk), v0, 'identity')
     return (out, ) + torch.autograd.grad(out, (q0, k0, v0), grad.double())
 
 
@@ -110,7 +110,7 @@ def test_chunked_forward_and_backward_match_naive(feature_map, n, m, d, e, chunk
     grad = torch.randn(2, 2, n, e)
     ref_out, *ref_grads = _reference_grads(feature_map, q, k, v, grad)
     qq, kk = (_positive_signed(q), _positive_signed(k)) if feature_map == 'identity' else (q, k)
-    out = linear_attention_chunked(qq, kk, v, feature_map, chunk_size=chunk)
+    out = linear_attention_torch(qq, kk, v, feature_map, chunk_size=chunk)
     torch.testing.assert_close(out.double(), ref_out, atol=2e-6, rtol=1e-5)
     grads = torch.autograd.grad(out, (q, k, v), grad)
     for name, got, want in zip('qkv', grads, ref_grads):
@@ -122,17 +122,17 @@ def test_chunked_grads_of_a_subset_and_strided_half_inputs():
     q, k, v = _qkv(45, 45, 16, 8)
     v.requires_grad_()
     grad = torch.randn(1, 2, 45, 8)
-    (dv, ) = torch.autograd.grad(linear_attention_chunked(q, k, v, 'elu', chunk_size=10), (v, ),
+    (dv, ) = torch.autograd.grad(linear_attention_torch(q, k, v, 'elu', chunk_size=10), (v, ),
                                  grad)
     phi = get_feature_map('elu')
     v0 = v.detach().requires_grad_()
-    (ref, ) = torch.autograd.grad(linear_attention_naive(phi(q), phi(k), v0), (v0, ), grad)
+    (ref, ) = torch.autograd.grad(linear_attention_naive(phi(q), phi(k), v0, 'identity'), (v0, ), grad)
     torch.testing.assert_close(dv, ref, atol=1e-6, rtol=1e-5)
     # fp32 views of a fused qkv tensor (in-output forward with V streamed in chunks).
     qkv = torch.randn(2, 70, 3, 4, 16).requires_grad_()
     q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
-    out = linear_attention_chunked(q, k, v, 'elu', chunk_size=16)
-    ref = linear_attention_naive(phi(q), phi(k), v)
+    out = linear_attention_torch(q, k, v, 'elu', chunk_size=16)
+    ref = linear_attention_naive(phi(q), phi(k), v, 'identity')
     torch.testing.assert_close(out, ref, atol=1e-6, rtol=1e-5)
     grad_qkv = torch.randn(2, 4, 70, 16)
     torch.testing.assert_close(torch.autograd.grad(out, qkv, grad_qkv)[0],
@@ -141,14 +141,14 @@ def test_chunked_grads_of_a_subset_and_strided_half_inputs():
     # bf16 views of a fused qkv tensor: fp32 math on the rounded inputs, grads in bf16.
     qkv = torch.randn(2, 70, 3, 4, 16).bfloat16().requires_grad_()
     q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
-    out = linear_attention_chunked(q, k, v, 'elu', chunk_size=16)
+    out = linear_attention_torch(q, k, v, 'elu', chunk_size=16)
     assert out.dtype == torch.bfloat16
-    ref = linear_attention_naive(phi(q.float()), phi(k.float()), v.float())
+    ref = linear_attention_naive(phi(q.float()), phi(k.float()), v.float(), 'identity')
     torch.testing.assert_close(out.float(), ref, atol=1e-2, rtol=1e-2)
     (dqkv, ) = torch.autograd.grad(out.float().sum(), (qkv, ))
     q32 = qkv.detach().float().requires_grad_()
     q0, k0, v0 = q32.permute(2, 0, 3, 1, 4).unbind(0)
-    (ref_d, ) = torch.autograd.grad(linear_attention_naive(phi(q0), phi(k0), v0).sum(), (q32, ))
+    (ref_d, ) = torch.autograd.grad(linear_attention_naive(phi(q0), phi(k0), v0, 'identity').sum(), (q32, ))
     assert dqkv.dtype == torch.bfloat16
     torch.testing.assert_close(dqkv.float(), ref_d, atol=3e-2, rtol=3e-2)
 
@@ -158,7 +158,7 @@ def test_graph_form_matches_naive():
     for fm in ('elu', 'relu'):
         phi = get_feature_map(fm)
         torch.testing.assert_close(linear_attention_graph(q, k, v, fm),
-                                   linear_attention_naive(phi(q), phi(k), v), atol=1e-6,
+                                   linear_attention_naive(phi(q), phi(k), v, 'identity'), atol=1e-6,
                                    rtol=1e-5)
 
 
@@ -167,11 +167,11 @@ def test_fp32_math_under_bf16_autocast(form):
     # AMP must not turn the state / normaliser products into bf16 matmuls: under autocast the
     # result equals the fp32 computation, and the backward runs (dtype-consistent in-place ops).
     q, k, v = _qkv(300, 300, 32, 32, requires_grad=True)
-    fn = linear_attention_chunked if form == 'chunked' else linear_attention_graph
+    fn = linear_attention_torch if form == 'chunked' else linear_attention_graph
     with torch.autocast('cpu', dtype=torch.bfloat16):
         out = fn(q, k, v, 'elu')
     phi = get_feature_map('elu')
-    ref = linear_attention_naive(phi(q), phi(k), v)
+    ref = linear_attention_naive(phi(q), phi(k), v, 'identity')
     assert out.dtype == torch.float32
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
     grads = torch.autograd.grad(out.sum(), (q, k, v))
@@ -227,7 +227,7 @@ def test_half_inputs_accumulate_in_fp32(dtype):
     torch.testing.assert_close(out.float(), torch.full((1, 1, 4, 8), 30.0), atol=0.0, rtol=1e-3)
     # Random inputs: equal to the fp32 computation on the same (rounded) inputs.
     q, k, v = _qkv(197, 197, 64, 64, dtype=dtype)
-    ref = linear_attention_naive(*(get_feature_map('elu')(t.float()) for t in (q, k)), v.float())
+    ref = linear_attention_naive(q.float(), k.float(), v.float(), 'elu')
     torch.testing.assert_close(linear_attention(q, k, v).float(), ref, atol=1e-2, rtol=1e-2)
 
 
@@ -247,19 +247,19 @@ def test_inline_matches_explicit_map(n, m):
 def test_map_rows_sum_to_one():
     q, k, _ = _qkv(20, 30, 8, 8)
     phi = get_feature_map('elu')
-    attn = linear_attention_map_naive(phi(q), phi(k))
+    attn = linear_attention_map_naive(phi(q), phi(k), 'identity')
     torch.testing.assert_close(attn.sum(-1), torch.ones(1, 2, 20), atol=1e-4, rtol=1e-4)
 
 
 def test_bad_shapes_have_clear_errors():
     q, k, v = _qkv(8, 8, 16, 16)
     with pytest.raises(ValueError, match='feature dim'):
-        linear_attention_torch(q, k[..., :8], v)
+        linear_attention_torch(q, k[..., :8], v, 'identity')
     with pytest.raises(ValueError, match='token count'):
-        linear_attention_torch(q, k, v[:, :, :4])
+        linear_attention_torch(q, k, v[:, :, :4], 'identity')
     with pytest.raises(ValueError, match='M >= 1'):
-        linear_attention_torch(q, k[:, :, :0], v[:, :, :0])
-    with pytest.raises(KeyError, match='available'):
+        linear_attention_torch(q, k[:, :, :0], v[:, :, :0], 'identity')
+    with pytest.raises(ValueError, match='available'):
         linear_attention(q, k, v, 'softplus')
 
 

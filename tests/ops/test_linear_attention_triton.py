@@ -35,7 +35,7 @@ def test_kernels_in_interpreter_subprocess():
 @pytest.fixture(scope='module')
 def kernels() -> Tuple[ModuleType, torch.device]:
     """The fused module and the device its kernels run on (CPU = interpreter)."""
-    return import_kernels('mmlinvit.ops.linear_attention.fused')
+    return import_kernels('mmlinvit.ops.linear_attention.triton_kernel')
 
 
 @pytest.fixture
@@ -54,7 +54,7 @@ def _qkv(n: int, m: int, d: int, e: int, device: torch.device, heads: int = 2,
 
 def _reference(q, k, v, feature_map: str, eps: float = 1e-6):
     phi = get_feature_map(feature_map)
-    return linear_attention_torch(phi(q.float()), phi(k.float()), v, eps)
+    return linear_attention_torch(phi(q.float()), phi(k.float()), v, 'identity', eps)
 
 
 def _check(out, ref, inputs, ref_inputs, atol: float, rtol: float) -> None:
@@ -72,7 +72,7 @@ def _check(out, ref, inputs, ref_inputs, atol: float, rtol: float) -> None:
 def test_elu_forward_and_gradients_ragged(kernels, n):
     fused, device = kernels
     q, k, v = _qkv(n, n, 64, 64, device, heads=2 if n < 1025 else 1)
-    out = fused.fused_linear_attention(q, k, v, 'elu')
+    out = fused.linear_attention_triton(q, k, v, 'elu')
     _check(out, _reference(q, k, v, 'elu'), (q, k, v), (q, k, v), 1e-5, 1e-4)
 
 
@@ -90,10 +90,10 @@ def test_feature_maps_and_head_dims(kernels, feature_map, n, m, d, e):
     if feature_map == 'identity':
         # Pre-mapped features (as a Hedgehog caller passes them): mixed signs, positive mean.
         qi, ki = 0.5 * q + 1.0, 0.5 * k + 1.0
-        out = fused.fused_linear_attention(qi, ki, v, 'identity')
+        out = fused.linear_attention_triton(qi, ki, v, 'identity')
         ref = _reference(qi, ki, v, 'identity')
     else:
-        out = fused.fused_linear_attention(q, k, v, feature_map)
+        out = fused.linear_attention_triton(q, k, v, feature_map)
         ref = _reference(q, k, v, feature_map)
     _check(out, ref, (q, k, v), (q, k, v), 1e-5, 1e-4)
 
@@ -103,7 +103,7 @@ def test_relu_zero_features_stay_finite(kernels):
     fused, device = kernels
     q, k, v = _qkv(70, 70, 32, 32, device, heads=1)
     q_neg = -q.abs() - 0.1  # relu(q) == 0: numerator and normaliser are 0, eps protects
-    out = fused.fused_linear_attention(q_neg, k, v, 'relu')
+    out = fused.linear_attention_triton(q_neg, k, v, 'relu')
     ref = _reference(q_neg, k, v, 'relu')
     assert torch.isfinite(out).all() and torch.count_nonzero(out) == 0
     _check(out, ref, (q, k, v), (q, k, v), 1e-5, 1e-4)
@@ -114,7 +114,7 @@ def test_relu_zero_features_stay_finite(kernels):
 def test_inline_forward_and_gradients(kernels, n, m, d):
     fused, device = kernels
     q, k, v = _qkv(n, m, d, d, device, heads=1)
-    out = fused.fused_inline_attention(q, k, v, d**-0.5)
+    out = fused.inline_attention_triton(q, k, v, d**-0.5)
     _check(out, inline_attention_torch(q, k, v, d**-0.5), (q, k, v), (q, k, v), 1e-5, 1e-4)
 
 
@@ -123,7 +123,7 @@ def test_inline_forward_and_gradients(kernels, n, m, d):
 def test_half_precision_inputs(kernels, dtype):
     fused, device = kernels
     q, k, v = _qkv(197, 197, 64, 64, device, dtype=dtype)
-    out = fused.fused_linear_attention(q, k, v, 'elu')
+    out = fused.linear_attention_triton(q, k, v, 'elu')
     assert out.dtype == dtype
     ref = _reference(q, k, v, 'elu')  # fp32 math on the same 16-bit inputs, rounded to dtype
     tol = 1e-2 if dtype == torch.float16 else 2e-2
@@ -140,7 +140,7 @@ def test_fp16_sums_do_not_overflow(kernels):
     q = torch.full((1, 1, 4, 16), 5.0, dtype=torch.float16, device=device)
     k = torch.full((1, 1, n, 16), 5.0, dtype=torch.float16, device=device)
     v = torch.full((1, 1, n, 8), 30.0, dtype=torch.float16, device=device)
-    out = fused.fused_linear_attention(q, k, v, 'elu')
+    out = fused.linear_attention_triton(q, k, v, 'elu')
     torch.testing.assert_close(out.float(), torch.full_like(out, 30.0).float(), atol=0.0,
                                rtol=1e-3)
 
@@ -151,7 +151,7 @@ def test_strided_views_and_mixed_requires_grad(kernels):
     qkv = torch.randn(1, 97, 3, 2, 32, device=device, requires_grad=True)  # (B, N, 3, H, d)
     q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
     grad = torch.randn(1, 97, 2, 32, device=device).transpose(1, 2)  # non-contiguous grad
-    out = fused.fused_linear_attention(q, k, v, 'elu')
+    out = fused.linear_attention_triton(q, k, v, 'elu')
     (got, ) = torch.autograd.grad(out, qkv, grad)
     (want, ) = torch.autograd.grad(_reference(q, k, v, 'elu'), qkv, grad)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
@@ -162,11 +162,11 @@ def test_kernel_rejects_unsupported_inputs(kernels):
     fused, device = kernels
     q, k, v = _qkv(8, 8, 16, 16, device, heads=1)
     with pytest.raises(ValueError, match='head dims'):
-        fused.fused_linear_attention(q, k, torch.randn(1, 1, 8, 130, device=device))
+        fused.linear_attention_triton(q, k, torch.randn(1, 1, 8, 130, device=device))
     with pytest.raises(ValueError, match='dtype'):
-        fused.fused_linear_attention(q.double(), k, v)
-    with pytest.raises(KeyError, match='available'):
-        fused.fused_linear_attention(q, k, v, 'softplus')
+        fused.linear_attention_triton(q.double(), k, v)
+    with pytest.raises(ValueError, match='available'):
+        fused.linear_attention_triton(q, k, v, 'softplus')
 
 
 # ------------------------------------------------------------------------------------------

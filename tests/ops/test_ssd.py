@@ -8,7 +8,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from mmlinvit.layers.mamba2 import Mamba2Mixer
 from mmlinvit.layers.norm import GatedRMSNorm, RMSNorm
-from mmlinvit.ops.ssd import (decay_matrix, segment_sums, ssd_scan, ssd_scan_chunked,
+from mmlinvit.ops.ssd import (decay_matrix, segment_sums, ssd_scan, ssd_scan_torch,
                               ssd_scan_naive, triton_kernel_available)
 
 
@@ -40,7 +40,7 @@ DECAYS = [(1.0, 16.0), (0.01, 0.1)]
 def test_chunked_matches_sequential_oracle_fp32(length, chunk_size, a_range):
     args = make_inputs(length=length, a_range=a_range)
     ref = ssd_scan_naive(*args)
-    out = ssd_scan_chunked(*args, chunk_size=chunk_size)
+    out = ssd_scan_torch(*args, chunk_size=chunk_size)
     assert out.dtype == torch.float32 and out.shape == args[0].shape
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
@@ -49,7 +49,7 @@ def test_chunked_matches_sequential_oracle_fp32(length, chunk_size, a_range):
 def test_chunked_is_exact_in_fp64(length, chunk_size):
     """The algebra itself (not fp32 rounding): agreement to ~1e-12 in fp64."""
     args = make_inputs(length=length, a_range=(0.01, 0.5), dtype=torch.float64)
-    out = ssd_scan_chunked(*args, chunk_size=chunk_size)
+    out = ssd_scan_torch(*args, chunk_size=chunk_size)
     assert out.dtype == torch.float64
     torch.testing.assert_close(out, ssd_scan_naive(*args), rtol=1e-10, atol=1e-10)
 
@@ -62,47 +62,47 @@ def test_no_decay_closed_form():
     states = torch.cumsum(torch.einsum('blhp,bln->blhpn', x, B[:, :, 0]), dim=1)
     expected = torch.einsum('blhpn,bln->blhp', states, C[:, :, 0])
     for chunk_size in (4, 16, 64):
-        torch.testing.assert_close(ssd_scan_chunked(x, dt, A, B, C, chunk_size=chunk_size),
+        torch.testing.assert_close(ssd_scan_torch(x, dt, A, B, C, chunk_size=chunk_size),
                                    expected, rtol=1e-10, atol=1e-10)
 
 
 def test_chunk_size_invariance():
     args = make_inputs(length=150, a_range=(0.01, 1.0))
-    ref = ssd_scan_chunked(*args, chunk_size=256)
+    ref = ssd_scan_torch(*args, chunk_size=256)
     for chunk_size in (1, 3, 16, 64, 149, 150, 151):
-        torch.testing.assert_close(ssd_scan_chunked(*args, chunk_size=chunk_size), ref,
+        torch.testing.assert_close(ssd_scan_torch(*args, chunk_size=chunk_size), ref,
                                    rtol=1e-5, atol=1e-5)
     for step in (1, 2, 7):
         torch.testing.assert_close(
-            ssd_scan_chunked(*args, chunk_size=16, chunks_per_step=step),
-            ssd_scan_chunked(*args, chunk_size=16), rtol=1e-6, atol=1e-6)
+            ssd_scan_torch(*args, chunk_size=16, chunks_per_step=step),
+            ssd_scan_torch(*args, chunk_size=16), rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize('groups', [1, 2, 4])
 def test_groups_match_oracle_and_repeated_heads(groups):
     x, dt, A, B, C, D = make_inputs(length=33, heads=4, groups=groups, a_range=(0.1, 2.0))
-    out = ssd_scan_chunked(x, dt, A, B, C, D, chunk_size=8)
+    out = ssd_scan_torch(x, dt, A, B, C, D, chunk_size=8)
     torch.testing.assert_close(out, ssd_scan_naive(x, dt, A, B, C, D), rtol=1e-5, atol=1e-5)
     # Grouped B/C == per-head B/C where head h reads group h // (H // G).
     per_head = 4 // groups
-    full = ssd_scan_chunked(x, dt, A, B.repeat_interleave(per_head, dim=2),
+    full = ssd_scan_torch(x, dt, A, B.repeat_interleave(per_head, dim=2),
                             C.repeat_interleave(per_head, dim=2), D, chunk_size=8)
     torch.testing.assert_close(out, full, rtol=1e-5, atol=1e-5)
 
 
 def test_heads_are_independent():
     x, dt, A, B, C, D = make_inputs(length=25, heads=4, groups=4)
-    out = ssd_scan_chunked(x, dt, A, B, C, D, chunk_size=8)
+    out = ssd_scan_torch(x, dt, A, B, C, D, chunk_size=8)
     for h in range(4):
-        single = ssd_scan_chunked(x[:, :, h:h + 1], dt[:, :, h:h + 1], A[h:h + 1],
+        single = ssd_scan_torch(x[:, :, h:h + 1], dt[:, :, h:h + 1], A[h:h + 1],
                                   B[:, :, h:h + 1], C[:, :, h:h + 1], D[h:h + 1], chunk_size=8)
         torch.testing.assert_close(out[:, :, h:h + 1], single, rtol=1e-5, atol=1e-5)
 
 
 def test_d_skip():
     x, dt, A, B, C, D = make_inputs(length=19)
-    without = ssd_scan_chunked(x, dt, A, B, C, None, chunk_size=8)
-    with_d = ssd_scan_chunked(x, dt, A, B, C, D, chunk_size=8)
+    without = ssd_scan_torch(x, dt, A, B, C, None, chunk_size=8)
+    with_d = ssd_scan_torch(x, dt, A, B, C, D, chunk_size=8)
     torch.testing.assert_close(with_d - without, D[None, None, :, None] * x, rtol=1e-5,
                                atol=1e-5)
     torch.testing.assert_close(with_d, ssd_scan_naive(x, dt, A, B, C, D), rtol=1e-5, atol=1e-5)
@@ -110,11 +110,11 @@ def test_d_skip():
 
 def test_causal():
     x, dt, A, B, C, D = make_inputs(length=40)
-    out = ssd_scan_chunked(x, dt, A, B, C, D, chunk_size=16)
+    out = ssd_scan_torch(x, dt, A, B, C, D, chunk_size=16)
     x2, B2 = x.clone(), B.clone()
     x2[:, 21:] += 1.0
     B2[:, 21:] -= 1.0
-    out2 = ssd_scan_chunked(x2, dt, A, B2, C, D, chunk_size=16)
+    out2 = ssd_scan_torch(x2, dt, A, B2, C, D, chunk_size=16)
     torch.testing.assert_close(out2[:, :21], out[:, :21])
     assert not torch.allclose(out2[:, 21:], out[:, 21:])
 
@@ -123,7 +123,7 @@ def test_gradients_match_oracle():
     args = make_inputs(batch=1, length=21, heads=2, groups=1, d_state=4, headdim=3,
                        a_range=(0.1, 2.0), dtype=torch.float64)
     grads = []
-    for fn in (ssd_scan_naive, lambda *a: ssd_scan_chunked(*a, chunk_size=8)):
+    for fn in (ssd_scan_naive, lambda *a: ssd_scan_torch(*a, chunk_size=8)):
         leaves = [t.clone().requires_grad_(True) for t in args]
         fn(*leaves).sin().sum().backward()
         grads.append([t.grad for t in leaves])
@@ -166,7 +166,7 @@ def test_strong_decay_large_chunks_gradients_finite():
     dt = dt + 2.0
     A = torch.full_like(A, -16.0)
     leaves = [t.clone().requires_grad_(True) for t in (x, dt, A, B, C, D)]
-    out = ssd_scan_chunked(*leaves, chunk_size=128)
+    out = ssd_scan_torch(*leaves, chunk_size=128)
     torch.testing.assert_close(out, ssd_scan_naive(x, dt, A, B, C, D), rtol=1e-5, atol=1e-5)
     (out * 1e3).pow(2).sum().backward()
     for t in leaves:
@@ -194,7 +194,7 @@ def test_memory_is_linear_in_length():
     for length in (512, 1024):
         args = make_inputs(batch=1, length=length, heads=2, headdim=4, groups=1, d_state=4)
         with torch.no_grad(), _MaxNumel() as mode:
-            ssd_scan_chunked(*args, chunk_size=16)
+            ssd_scan_torch(*args, chunk_size=16)
         peaks.append(mode.max_numel)
         assert mode.max_numel <= 2 * length * 16  # (chunks, H, Q, Q) = L * H * Q << L * L
     assert peaks[1] <= 2 * peaks[0]
@@ -202,7 +202,7 @@ def test_memory_is_linear_in_length():
 
 def test_dispatch_backends_and_errors():
     args = make_inputs(length=13)
-    torch.testing.assert_close(ssd_scan(*args, chunk_size=4), ssd_scan_chunked(*args,
+    torch.testing.assert_close(ssd_scan(*args, chunk_size=4), ssd_scan_torch(*args,
                                                                                chunk_size=4))
     torch.testing.assert_close(ssd_scan(*args, backend='naive'), ssd_scan_naive(*args))
     # Same exception types as ops.linear_attention for the same mistakes.

@@ -23,7 +23,7 @@ from triton_testing import (allow_interpreter_dispatch, collect_backend_log, imp
 
 from mmlinvit.layers.mamba2 import Mamba2Mixer
 from mmlinvit.ops.ssd import (SSD_BACKEND_ENV_VAR, select_ssd_backend, ssd_scan,
-                              ssd_scan_chunked, ssd_scan_naive)
+                              ssd_scan_torch, ssd_scan_naive)
 from mmlinvit.ops.ssd import dispatch
 
 pytestmark = requires_triton
@@ -83,7 +83,7 @@ def check_against_reference(kernel, inputs64: Sequence[Optional[torch.Tensor]], 
     leaves = [None if t is None else t.to(device).requires_grad_() for t in cast]
     ref_leaves = [None if t is None else t.double().requires_grad_() for t in cast]
     out = kernel.ssd_scan_triton(*leaves, chunk_size=chunk_size)
-    ref = ssd_scan_chunked(*ref_leaves, chunk_size=chunk_size)
+    ref = ssd_scan_torch(*ref_leaves, chunk_size=chunk_size)
     assert out.dtype == cast[0].dtype and out.shape == ref.shape
     assert rel_err(out.cpu(), ref) <= tol, ('y', rel_err(out.cpu(), ref))
 
@@ -187,7 +187,7 @@ def test_strided_views_as_in_the_mixer(kernels):
 
     out = scan(kernel.ssd_scan_triton, xbc)
     (got, ) = torch.autograd.grad(out, xbc, grad)
-    ref = scan(ssd_scan_chunked, xbc)
+    ref = scan(ssd_scan_torch, xbc)
     (want, ) = torch.autograd.grad(ref, xbc, grad)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
@@ -200,7 +200,7 @@ def test_partial_requires_grad_and_empty_sequence(kernels):
     x.requires_grad_()
     out = kernel.ssd_scan_triton(x, dt, A, B, C, D, chunk_size=16)
     (gx, ) = torch.autograd.grad(out.sum(), x)
-    (want, ) = torch.autograd.grad(ssd_scan_chunked(x, dt, A, B, C, D, chunk_size=16).sum(), x)
+    (want, ) = torch.autograd.grad(ssd_scan_torch(x, dt, A, B, C, D, chunk_size=16).sum(), x)
     torch.testing.assert_close(gx, want, rtol=1e-4, atol=1e-5)
     empty = kernel.ssd_scan_triton(x[:, :0], dt[:, :0], A, B[:, :0], C[:, :0], D)
     assert empty.shape == (1, 0, 2, 8)
@@ -255,7 +255,7 @@ def test_dispatch_env_switch_and_log_once(monkeypatch, interpreter_env):
 def test_dispatch_refuses_cpu_without_interpreter_and_bad_inputs(monkeypatch, interpreter_env):
     device = interpreter_env
     args = [t.float().to(device) for t in make_inputs(1, 10, 2, 8, 1, 16)]
-    with pytest.raises(ValueError, match='head dim or state size'):
+    with pytest.raises(ValueError, match='head dims / state size'):
         x = torch.zeros(1, 10, 2, 160, device=device)
         ssd_scan(x, *args[1:], backend='triton')
     with pytest.raises(ValueError, match='dtype'):

@@ -180,9 +180,9 @@ def _kernels():
     leaves = make_ssd_inputs(1, 4, 2, 16, 1, 16, torch.float32)
     if select_ssd_backend(*leaves, backend='triton') != 'triton':
         raise RuntimeError('the SSD dispatcher did not choose the Triton kernel')
-    from mmlinvit.ops.linear_attention import fused
-    from mmlinvit.ops.ssd import triton_kernel
-    return fused, triton_kernel
+    from mmlinvit.ops.linear_attention import triton_kernel as la_kernel
+    from mmlinvit.ops.ssd import triton_kernel as ssd_kernel
+    return la_kernel, ssd_kernel
 
 
 def make_qkv(n: int, m: int, heads: int, d: int, e: int, dtype: torch.dtype,
@@ -212,16 +212,16 @@ def make_ssd_inputs(batch: int, length: int, heads: int, headdim: int, groups: i
     return [t.requires_grad_() for t in (x, dt, A, B, C, D)]
 
 
-def check_linear_attention(fused, name: str, n: int, m: int, heads: int, d: int, e: int,
+def check_linear_attention(la_kernel, name: str, n: int, m: int, heads: int, d: int, e: int,
                            dtype: torch.dtype, mode: str) -> Dict[str, object]:
-    from mmlinvit.ops.linear_attention import inline_attention_torch, linear_attention_chunked
+    from mmlinvit.ops.linear_attention import inline_attention_torch, linear_attention_torch
     q, k, v = make_qkv(n, m, heads, d, e, dtype)
     if mode == 'inline':
-        out = fused.fused_inline_attention(q, k, v, d**-0.5)
+        out = la_kernel.inline_attention_triton(q, k, v, d**-0.5)
         ref_fn = lambda a, b, c: inline_attention_torch(a, b, c, d**-0.5)  # noqa: E731
     else:
-        out = fused.fused_linear_attention(q, k, v, mode)
-        ref_fn = lambda a, b, c: linear_attention_chunked(a, b, c, mode)  # noqa: E731
+        out = la_kernel.linear_attention_triton(q, k, v, mode)
+        ref_fn = lambda a, b, c: linear_attention_torch(a, b, c, mode)  # noqa: E731
     # fp32 reference on the same rounded inputs
     q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
     ref = ref_fn(q32, k32, v32)
@@ -238,7 +238,7 @@ def check_linear_attention(fused, name: str, n: int, m: int, heads: int, d: int,
 
 def check_ssd(kernel, name: str, batch: int, length: int, heads: int, headdim: int,
               groups: int, d_state: int, chunk: int, dtype: torch.dtype) -> Dict[str, object]:
-    from mmlinvit.ops.ssd import ssd_scan_chunked
+    from mmlinvit.ops.ssd import ssd_scan_torch
     leaves = make_ssd_inputs(batch, length, heads, headdim, groups, d_state, dtype)
     grad = torch.randn(batch, length, heads, headdim, device=DEVICE).to(dtype)
 
@@ -248,7 +248,7 @@ def check_ssd(kernel, name: str, batch: int, length: int, heads: int, headdim: i
 
     got = run(kernel.ssd_scan_triton, leaves)
     ref_leaves = [t.detach().float().requires_grad_() for t in leaves]
-    want = run(ssd_scan_chunked, ref_leaves)
+    want = run(ssd_scan_torch, ref_leaves)
     errors = [rel_err(a, b) for a, b in zip(got, want)]
     finite = all(bool(torch.isfinite(t).all()) for t in got)
     bounds = [TOL_SSD_DA[dtype] if n == 'dA' else TOL_SSD[dtype] for n in SSD_NAMES]
@@ -262,14 +262,14 @@ def check_ssd(kernel, name: str, batch: int, length: int, heads: int, headdim: i
 
 
 def section_check(sizes: Sizes) -> Tuple[List[Dict[str, object]], List[Dict[str, object]]]:
-    fused, kernel = _kernels()
+    la_kernel, kernel = _kernels()
     la_rows = []
     h, d = sizes.la_heads, sizes.la_head_dim
     for dtype in DTYPES.values():
         for n in sizes.la_check_tokens:
-            la_rows.append(check_linear_attention(fused, 'elu', n, n, h, d, d, dtype, 'elu'))
+            la_rows.append(check_linear_attention(la_kernel, 'elu', n, n, h, d, d, dtype, 'elu'))
     for case in sizes.extra_la_cases:
-        la_rows.append(check_linear_attention(fused, *case))
+        la_rows.append(check_linear_attention(la_kernel, *case))
     ssd_rows = []
     s = sizes.ssd_shape
     for dtype in DTYPES.values():
@@ -285,7 +285,7 @@ def section_check(sizes: Sizes) -> Tuple[List[Dict[str, object]], List[Dict[str,
 
 # ---------------------------------------------------------------------------------- timing
 def section_linear_attention(sizes: Sizes, peak_bw: float) -> List[Dict[str, object]]:
-    fused, _ = _kernels()
+    la_kernel, _ = _kernels()
     from mmlinvit.ops.linear_attention import linear_attention
     dtype = torch.bfloat16 if not DRY else torch.float32
     rows = []
@@ -300,13 +300,13 @@ def section_linear_attention(sizes: Sizes, peak_bw: float) -> List[Dict[str, obj
             return run
 
         with torch.no_grad():
-            t_tri = bench_ms(lambda: fused.fused_linear_attention(q, k, v, 'elu'), DEVICE,
+            t_tri = bench_ms(lambda: la_kernel.linear_attention_triton(q, k, v, 'elu'), DEVICE,
                              sizes.repeats)
             t_torch = bench_ms(lambda: linear_attention(q, k, v, 'elu', backend='torch'),
                                DEVICE, sizes.repeats)
             t_sdpa = bench_ms(lambda: F.scaled_dot_product_attention(q, k, v), DEVICE,
                               sizes.repeats)
-        t_tri_fb = bench_ms(fb(lambda a, b, c: fused.fused_linear_attention(a, b, c, 'elu')),
+        t_tri_fb = bench_ms(fb(lambda a, b, c: la_kernel.linear_attention_triton(a, b, c, 'elu')),
                             DEVICE, sizes.repeats)
         t_sdpa_fb = bench_ms(fb(F.scaled_dot_product_attention), DEVICE, sizes.repeats)
         bw = 4 * nbytes / (t_tri * 1e-3) / peak_bw
@@ -323,7 +323,7 @@ def section_linear_attention(sizes: Sizes, peak_bw: float) -> List[Dict[str, obj
 
 def section_ssd(sizes: Sizes) -> List[Dict[str, object]]:
     _, kernel = _kernels()
-    from mmlinvit.ops.ssd import ssd_scan_chunked
+    from mmlinvit.ops.ssd import ssd_scan_torch
     s = sizes.ssd_shape
     dtype = torch.bfloat16 if not DRY else torch.float32
     rows = []
@@ -338,11 +338,11 @@ def section_ssd(sizes: Sizes) -> List[Dict[str, object]]:
             return run
 
         with torch.no_grad():
-            t_torch = bench_ms(lambda: ssd_scan_chunked(*leaves, chunk_size=s['chunk']), DEVICE,
+            t_torch = bench_ms(lambda: ssd_scan_torch(*leaves, chunk_size=s['chunk']), DEVICE,
                                sizes.repeats)
             t_tri = bench_ms(lambda: kernel.ssd_scan_triton(*leaves, chunk_size=s['chunk']),
                              DEVICE, sizes.repeats)
-        t_torch_fb = bench_ms(fb(ssd_scan_chunked), DEVICE, sizes.repeats)
+        t_torch_fb = bench_ms(fb(ssd_scan_torch), DEVICE, sizes.repeats)
         t_tri_fb = bench_ms(fb(kernel.ssd_scan_triton), DEVICE, sizes.repeats)
         rows.append({'L': length, 'torch ms': t_torch, 'triton ms': t_tri,
                      'torch/triton': t_torch / t_tri, 'torch f+b ms': t_torch_fb,

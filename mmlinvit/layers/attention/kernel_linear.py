@@ -27,7 +27,7 @@ from typing import Optional, Tuple
 import torch
 import torch.nn as nn
 
-from mmlinvit.ops.feature_maps import get_feature_map, hedgehog_feature
+from mmlinvit.ops.feature_maps import hedgehog_feature
 from mmlinvit.ops.identity_attention import (identity_linear_attention,
                                              identity_linear_attention_map)
 from mmlinvit.ops.linear_attention import linear_attention, linear_attention_map_naive
@@ -82,8 +82,7 @@ class KernelLinearAttention(AttentionOperator):
                       hw_shape: Optional[Tuple[int, int]] = None,
                       num_prefix_tokens: int = 0) -> torch.Tensor:
         q, k, _ = self.split_qkv(x)
-        phi = get_feature_map(self.feature_map)
-        return linear_attention_map_naive(phi(q.float()), phi(k.float()), self.eps)
+        return linear_attention_map_naive(q, k, self.feature_map, self.eps)
 
     def extra_repr(self) -> str:
         return (f'{super().extra_repr()}, feature_map={self.feature_map}, eps={self.eps}, '
@@ -205,7 +204,7 @@ class HedgehogLinearAttention(AttentionOperator):
                       num_prefix_tokens: int = 0) -> torch.Tensor:
         q, k, _ = self.split_qkv(x)
         phi_q, phi_k = self.feature_maps(q, k)
-        return linear_attention_map_naive(phi_q, phi_k, self.eps)
+        return linear_attention_map_naive(phi_q, phi_k, 'identity', self.eps)
 
     def extra_repr(self) -> str:
         return (f'{super().extra_repr()}, feature_dims={self.feature_dims}, '

@@ -8,9 +8,15 @@ Backend choice, most specific first:
 1. the ``backend`` argument (``'torch'``, ``'triton'``; ``None``/``'auto'`` = not forced);
 2. the environment variable ``MMLINVIT_LINEAR_ATTN_BACKEND`` = ``torch`` | ``triton`` | ``auto``;
 3. auto: CUDA tensors with Triton installed and a supported shape/dtype -> Triton kernel
-   (:mod:`.fused`), everything else -> PyTorch (:mod:`.torch_impl`).
+   (:mod:`.triton_kernel`), everything else -> PyTorch (:mod:`.torch_impl`).
 
-The PyTorch backend runs the chunked, feature-map-fused :func:`.torch_impl.linear_attention_chunked`
+The package follows the layout of :mod:`mmlinvit.ops.ssd`: ``naive.py`` (O(N^2) oracle,
+``linear_attention_naive``), ``torch_impl.py`` (``linear_attention_torch``),
+``triton_kernel.py`` (``linear_attention_triton``), ``checks.py`` (input checks and the
+kernel's limits, shared by all of them) and this dispatcher; every implementation takes the
+same arguments (raw q, k, v, the feature map's name, eps).
+
+The PyTorch backend runs the chunked, feature-map-fused :func:`.torch_impl.linear_attention_torch`
 (peak memory: the output plus chunk buffers) in eager mode, and the whole-tensor
 :func:`.torch_impl.linear_attention_graph` while a graph is captured (``torch.compile``,
 ``torch.export`` and the ONNX exporter, ``torch.jit.trace``), where the compiler fuses and plans
@@ -18,7 +24,7 @@ memory itself.
 
 Forcing ``'triton'`` on CPU tensors is allowed only with ``TRITON_INTERPRET=1`` (the Triton
 interpreter; tests only).  Each distinct choice is logged once on the ``mmlinvit`` logger.
-Triton availability is checked with :func:`importlib.util.find_spec`; :mod:`.fused` (which
+Triton availability is checked with :func:`importlib.util.find_spec`; :mod:`.triton_kernel` (which
 imports triton) is imported only when the kernel path is actually taken.
 """
 import importlib
@@ -28,54 +34,22 @@ from typing import Optional, Set, Tuple
 import torch
 
 from ..feature_maps import get_feature_map
-from ..triton_utils import (KERNEL_DTYPES, KERNEL_MAX_HEAD_DIM, backend_from_env,
-                            choose_auto_backend, log_choice_once, triton_available,
-                            triton_interpreter_enabled)
-from .torch_impl import (inline_attention_torch, linear_attention_chunked,
-                         linear_attention_graph)
+from ..triton_utils import (check_forced_triton, choose_auto_backend, log_choice_once,
+                            requested_backend, triton_available)
+from .checks import kernel_unsupported_reason
+from .torch_impl import inline_attention_torch, linear_attention_graph, linear_attention_torch
 
 #: Environment variable that forces a backend for every call without ``backend=``.
 BACKEND_ENV_VAR = 'MMLINVIT_LINEAR_ATTN_BACKEND'
 BACKENDS = ('torch', 'triton')
-_ENV_CHOICES = ('auto', ) + BACKENDS
-
-# The kernel limits (the same constants as fused.MAX_HEAD_DIM / fused._SUPPORTED_DTYPES).
-_KERNEL_MAX_HEAD_DIM = KERNEL_MAX_HEAD_DIM
-_KERNEL_DTYPES = KERNEL_DTYPES
+_CHOICES = ('auto', ) + BACKENDS
+_OPERATION = 'linear attention'
 
 _logged_choices: Set[Tuple[str, str]] = set()
 
 
 def _log_choice_once(backend: str, reason: str) -> None:
-    log_choice_once(_logged_choices, 'linear attention', backend, reason)
-
-
-def _requested_backend(backend: Optional[str]) -> str:
-    """'auto', 'torch' or 'triton' from the argument, else from the environment."""
-    if backend is not None:
-        if backend not in _ENV_CHOICES:
-            raise ValueError(f'Unknown linear attention backend {backend!r}; available: '
-                             f'{list(_ENV_CHOICES)} (or None)')
-        return backend
-    env = backend_from_env(BACKEND_ENV_VAR)
-    if env not in _ENV_CHOICES:
-        raise ValueError(f'{BACKEND_ENV_VAR}={env!r} is not a backend; use one of '
-                         f'{list(_ENV_CHOICES)}')
-    return env
-
-
-def _kernel_unsupported_reason(q: torch.Tensor, k: torch.Tensor,
-                               v: torch.Tensor) -> Optional[str]:
-    """Why the Triton kernel cannot take these inputs, or None when it can."""
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        return 'inputs are not 4-D (B, H, N, d)'
-    if max(q.shape[-1], v.shape[-1]) > _KERNEL_MAX_HEAD_DIM:
-        return f'head dim > {_KERNEL_MAX_HEAD_DIM}'
-    if any(t.dtype not in _KERNEL_DTYPES for t in (q, k, v)):
-        return f'dtype not in {[str(t) for t in _KERNEL_DTYPES]}'
-    if q.shape[-2] == 0 or k.shape[-2] == 0:
-        return 'empty token dimension'
-    return None
+    log_choice_once(_logged_choices, _OPERATION, backend, reason)
 
 
 def select_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -97,26 +71,17 @@ def select_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             without ``TRITON_INTERPRET=1``.
         ValueError: unknown backend name, or ``'triton'`` forced on inputs it cannot take.
     """
-    requested = _requested_backend(backend)
+    requested = requested_backend(backend, _CHOICES, BACKEND_ENV_VAR, _CHOICES, _OPERATION)
     if requested == 'torch':
         _log_choice_once('torch', 'forced')
         return 'torch'
     if requested == 'triton':
-        if not triton_available():
-            raise RuntimeError('linear attention backend "triton" was requested but triton is '
-                               'not installed; install triton or use backend "torch"')
-        if q.device.type != 'cuda' and not triton_interpreter_enabled():
-            raise RuntimeError(f'linear attention backend "triton" needs CUDA tensors (got '
-                               f'{q.device}); set TRITON_INTERPRET=1 to run the kernel in the '
-                               'Triton CPU interpreter, or use backend "torch"')
-        reason = _kernel_unsupported_reason(q, k, v)
-        if reason is not None:
-            raise ValueError(f'linear attention backend "triton" cannot take these inputs: '
-                             f'{reason}; use backend "torch"')
+        check_forced_triton(q.device, triton_available(),
+                            lambda: kernel_unsupported_reason(q, k, v), _OPERATION)
         _log_choice_once('triton', 'forced')
         return 'triton'
     return choose_auto_backend(q.device, triton_available,
-                               lambda: _kernel_unsupported_reason(q, k, v), _log_choice_once)
+                               lambda: kernel_unsupported_reason(q, k, v), _log_choice_once)
 
 
 def capturing_graph() -> bool:
@@ -125,9 +90,9 @@ def capturing_graph() -> bool:
             or torch.onnx.is_in_onnx_export() or torch.jit.is_tracing())
 
 
-def _fused_module() -> ModuleType:
+def _triton_module() -> ModuleType:
     """Imports the Triton kernels (only called once the triton path was chosen)."""
-    return importlib.import_module('.fused', __package__)
+    return importlib.import_module('.triton_kernel', __package__)
 
 
 def linear_attention(q: torch.Tensor,
@@ -151,10 +116,10 @@ def linear_attention(q: torch.Tensor,
     """
     get_feature_map(feature_map)  # validates the name on every path
     if select_backend(q, k, v, backend) == 'triton':
-        return _fused_module().fused_linear_attention(q, k, v, feature_map, eps)
+        return _triton_module().linear_attention_triton(q, k, v, feature_map, eps)
     if capturing_graph():
         return linear_attention_graph(q, k, v, feature_map, eps)
-    return linear_attention_chunked(q, k, v, feature_map, eps)
+    return linear_attention_torch(q, k, v, feature_map, eps)
 
 
 def inline_attention(q: torch.Tensor,
@@ -177,5 +142,5 @@ def inline_attention(q: torch.Tensor,
         (B, H, N, e) in the dtype of ``v``.
     """
     if select_backend(q, k, v, backend) == 'triton':
-        return _fused_module().fused_inline_attention(q, k, v, scale)
+        return _triton_module().inline_attention_triton(q, k, v, scale)
     return inline_attention_torch(q, k, v, scale)

@@ -11,7 +11,7 @@ stays fp32 under ``torch.autocast`` too (the output has the dtype of ``v``).
 Memory (the reason for the chunked form).  Applying the feature map to whole (B, H, N, d)
 tensors and then multiplying materialises phi(Q), phi(K) and the (B, H, N, e) numerator
 next to the output, three times the output's size, whereas CPU SDPA streams its blocks and
-allocates little more than its output.  :func:`linear_attention_chunked` therefore
+allocates little more than its output.  :func:`linear_attention_torch` therefore
 
 * streams the keys in token chunks: a chunk of K (any strides / dtype) is gathered into one
   small reused fp32 buffer, the feature map is applied in place on it (fused with the copy
@@ -46,8 +46,10 @@ from typing import ContextManager, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-#: Feature maps the chunked path fuses (``identity``: inputs are already feature-mapped).
-CHUNKED_FEATURE_MAPS = ('elu', 'relu', 'identity')
+from .checks import check_feature_map, check_linear_attention_inputs
+
+#: Feature maps the torch path fuses (``identity``: inputs are already feature-mapped).
+TORCH_FEATURE_MAPS = ('elu', 'relu', 'identity')
 #: Target bytes of one fp32 (lead x tokens x features) chunk buffer on CPU (cache-sized).
 DEFAULT_CHUNK_BYTES = 1 << 18
 #: The same on accelerators, where every chunk costs kernel launches rather than cache misses.
@@ -77,33 +79,6 @@ def _autocast_off(device: torch.device) -> ContextManager:
     if device.type == 'meta':  # FLOP counting on meta tensors: autocast has no meta backend
         return contextlib.nullcontext()
     return torch.autocast(device.type, enabled=False)
-
-def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Tuple[int, ...]:
-    """Validates (..., N, d), (..., M, d), (..., M, e) and returns the leading shape."""
-    if q.dim() < 3 or k.dim() != q.dim() or v.dim() != q.dim():
-        raise ValueError('linear attention expects q (..., N, d), k (..., M, d), v (..., M, e) '
-                         f'with equal rank >= 3; got {tuple(q.shape)}, {tuple(k.shape)}, '
-                         f'{tuple(v.shape)}')
-    lead = tuple(q.shape[:-2])
-    if tuple(k.shape[:-2]) != lead or tuple(v.shape[:-2]) != lead:
-        raise ValueError('q, k and v must share their leading (batch, head) dims; got '
-                         f'{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}')
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f'q and k need the same feature dim; got {q.shape[-1]} and '
-                         f'{k.shape[-1]}')
-    if k.shape[-2] != v.shape[-2]:
-        raise ValueError(f'k and v need the same token count; got {k.shape[-2]} and '
-                         f'{v.shape[-2]}')
-    if k.shape[-2] == 0:
-        raise ValueError('linear attention needs at least one key token (M >= 1)')
-    return lead
-
-
-def _check_feature_map(feature_map: str) -> None:
-    if feature_map not in CHUNKED_FEATURE_MAPS:
-        raise KeyError(f'Unknown feature map {feature_map!r} for the chunked linear attention; '
-                       f'available: {list(CHUNKED_FEATURE_MAPS)}')
-
 
 def chunk_tokens(rows: int, width: int, tokens: int,
                  chunk_bytes: Optional[int] = None) -> int:
@@ -348,7 +323,7 @@ class _ChunkedLinearAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None, None
 
 
-def linear_attention_chunked(q: torch.Tensor,
+def linear_attention_torch(q: torch.Tensor,
                              k: torch.Tensor,
                              v: torch.Tensor,
                              feature_map: str = 'elu',
@@ -370,8 +345,8 @@ def linear_attention_chunked(q: torch.Tensor,
         (..., N, e) in the dtype of ``v``; differentiable w.r.t. q, k and v (the backward
         recomputes the feature maps chunk by chunk).
     """
-    _check_feature_map(feature_map)
-    lead = _check_qkv(q, k, v)
+    check_feature_map(feature_map, TORCH_FEATURE_MAPS, 'the torch linear attention')
+    lead = check_linear_attention_inputs(q, k, v)
     if chunk_size is not None and chunk_size < 1:
         raise ValueError(f'chunk_size must be >= 1 or None, got {chunk_size}')
     rows = math.prod(lead)
@@ -389,7 +364,7 @@ def linear_attention_graph(q: torch.Tensor,
                            v: torch.Tensor,
                            feature_map: str = 'elu',
                            eps: float = 1e-6) -> torch.Tensor:
-    """The same result as :func:`linear_attention_chunked` from whole-tensor ops.
+    """The same result as :func:`linear_attention_torch` from whole-tensor ops.
 
     For graph capture (``torch.compile``, export): a few matmuls and element-wise ops that a
     compiler fuses and plans memory for, plain autograd.
@@ -404,8 +379,8 @@ def linear_attention_graph(q: torch.Tensor,
     Returns:
         (..., N, e) in the dtype of ``v``.
     """
-    _check_feature_map(feature_map)
-    _check_qkv(q, k, v)
+    check_feature_map(feature_map, TORCH_FEATURE_MAPS, 'the torch linear attention')
+    check_linear_attention_inputs(q, k, v)
     with _autocast_off(q.device):  # fp32 math under AMP too
         q32, k32 = q.float(), k.float()
         if feature_map == 'elu':
@@ -417,24 +392,6 @@ def linear_attention_graph(q: torch.Tensor,
         z = k32.mean(dim=-2).unsqueeze(-1)  # (..., d, 1)
         den = torch.matmul(q32, z) + eps
         return (torch.matmul(q32, state) / den).to(v.dtype)
-
-
-def linear_attention_torch(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
-                           eps: float = 1e-6) -> torch.Tensor:
-    """phi(Q) S / (phi(Q) z + eps) of already feature-mapped queries and keys.
-
-    The chunked path with the ``identity`` map (see :func:`linear_attention_chunked`).
-
-    Args:
-        phi_q: Feature-mapped queries, (B, H, N, d) (any equal leading dims).
-        phi_k: Feature-mapped keys, (B, H, M, d).
-        v: Values, (B, H, M, e).
-        eps: Normaliser epsilon; keeps the division finite when phi(q).z == 0.
-
-    Returns:
-        (B, H, N, e) in the dtype of ``v``.
-    """
-    return linear_attention_chunked(phi_q, phi_k, v, 'identity', eps)
 
 
 def _as_fp32_batch(x: torch.Tensor) -> torch.Tensor:
@@ -455,7 +412,7 @@ def inline_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     Returns:
         (B, H, N, e) in the dtype of ``v``.
     """
-    lead = _check_qkv(q, k, v)
+    lead = check_linear_attention_inputs(q, k, v)
     out_dtype = v.dtype
     n, e = q.shape[-2], v.shape[-1]
     q32, k32, v32 = _as_fp32_batch(q), _as_fp32_batch(k), _as_fp32_batch(v)

@@ -1,7 +1,9 @@
-"""Shape validation shared by every implementation of the SSD scan."""
+"""Input checks shared by every implementation of the SSD scan (naive, torch, Triton)."""
 from typing import Optional
 
 import torch
+
+from ..triton_utils import kernel_limits_reason
 
 
 def check_ssd_inputs(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
@@ -35,3 +37,27 @@ def check_ssd_inputs(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torc
                          f'({groups})')
     if D is not None and tuple(D.shape) != (heads, ):
         raise ValueError(f'D must be (heads,) = ({heads},), got {tuple(D.shape)}')
+
+
+def check_chunk_size(chunk_size: int) -> None:
+    """Raises a ValueError unless ``chunk_size`` is a positive int."""
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f'chunk_size must be a positive int, got {chunk_size!r}')
+
+
+def kernel_unsupported_reason(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,
+                              B: torch.Tensor, C: torch.Tensor,
+                              D: Optional[torch.Tensor]) -> Optional[str]:
+    """Why the Triton kernels cannot take these inputs, or None when they can.
+
+    The dispatcher falls back to torch for this reason (``auto``) or raises it (a forced
+    ``'triton'``); the kernel module raises it for direct calls.
+    """
+    if x.ndim != 4 or B.ndim != 4:
+        return 'x / B are not 4-D'
+    if x.shape[1] == 0:
+        return 'empty sequence'
+    named = [('x', x), ('dt', dt), ('A', A), ('B', B), ('C', C)]
+    if D is not None:
+        named.append(('D', D))
+    return kernel_limits_reason({'P': x.shape[-1], 'N': B.shape[-1]}, named)

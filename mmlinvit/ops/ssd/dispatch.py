@@ -2,7 +2,7 @@
 
 Backends:
 
-* ``'torch'`` (always available): :func:`.chunked.ssd_scan_chunked`, the CPU path.
+* ``'torch'`` (always available): :func:`.torch_impl.ssd_scan_torch`, the CPU path.
 * ``'naive'``: the token-by-token oracle :func:`.naive.ssd_scan_naive` (tests, debugging).
 * ``'triton'``: the fused kernels of :mod:`.triton_kernel` (``TRITON_KERNEL_MODULE``, which
   defines ``ssd_scan_triton(x, dt, A, B, C, D, chunk_size) -> y`` with the semantics of
@@ -16,6 +16,11 @@ Backend choice, most specific first:
 3. auto: CUDA tensors with triton installed and a supported shape/dtype (P, N <= 128;
    fp32/fp16/bf16) -> Triton kernel, everything else -> torch.
 
+The package follows the layout of :mod:`mmlinvit.ops.linear_attention`: ``naive.py``,
+``torch_impl.py``, ``triton_kernel.py``, ``checks.py`` (input checks and the kernel's limits)
+and this dispatcher, with ``ssd_scan_naive`` / ``ssd_scan_torch`` / ``ssd_scan_triton`` of one
+contract.
+
 Forcing ``'triton'`` on CPU tensors is allowed only with ``TRITON_INTERPRET=1`` (the Triton
 interpreter; tests only).  Each distinct choice is logged once on the ``mmlinvit`` logger.
 Availability is checked with :func:`importlib.util.find_spec`; :mod:`.triton_kernel` (which
@@ -27,11 +32,11 @@ from typing import Optional, Set, Tuple
 
 import torch
 
-from ..triton_utils import (KERNEL_DTYPES, KERNEL_MAX_HEAD_DIM, backend_from_env,
-                            choose_auto_backend, log_choice_once, triton_available,
-                            triton_interpreter_enabled)
-from .chunked import ssd_scan_chunked
+from ..triton_utils import (check_forced_triton, choose_auto_backend, log_choice_once,
+                            requested_backend, triton_available)
+from .checks import kernel_unsupported_reason
 from .naive import ssd_scan_naive
+from .torch_impl import ssd_scan_torch
 
 #: Module that the fused Triton implementation lives in.
 TRITON_KERNEL_MODULE = 'mmlinvit.ops.ssd.triton_kernel'
@@ -39,10 +44,7 @@ TRITON_KERNEL_MODULE = 'mmlinvit.ops.ssd.triton_kernel'
 SSD_BACKEND_ENV_VAR = 'MMLINVIT_SSD_BACKEND'
 SSD_BACKENDS = ('torch', 'naive', 'triton')
 _ENV_CHOICES = ('auto', 'torch', 'triton')
-
-# The kernel limits (the same constants as triton_kernel.MAX_DIM / SUPPORTED_DTYPES).
-_KERNEL_MAX_DIM = KERNEL_MAX_HEAD_DIM
-_KERNEL_DTYPES = KERNEL_DTYPES
+_OPERATION = 'SSD scan'
 
 _logged_choices: Set[Tuple[str, str]] = set()
 
@@ -53,37 +55,7 @@ def triton_kernel_available() -> bool:
 
 
 def _log_choice_once(backend: str, reason: str) -> None:
-    log_choice_once(_logged_choices, 'SSD scan', backend, reason)
-
-
-def _requested_backend(backend: Optional[str]) -> str:
-    """'auto', 'torch', 'naive' or 'triton' from the argument, else from the environment."""
-    if backend is not None:
-        if backend not in ('auto', ) + SSD_BACKENDS:
-            raise ValueError(f'Unknown ssd_scan backend {backend!r}; available: '
-                             f"{list(('auto', ) + SSD_BACKENDS)} (or None)")
-        return backend
-    env = backend_from_env(SSD_BACKEND_ENV_VAR)
-    if env not in _ENV_CHOICES:
-        raise ValueError(f'{SSD_BACKEND_ENV_VAR}={env!r} is not an SSD backend; available: '
-                         f'{list(_ENV_CHOICES)}')
-    return env
-
-
-def _kernel_unsupported_reason(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,
-                               B: torch.Tensor, C: torch.Tensor,
-                               D: Optional[torch.Tensor]) -> Optional[str]:
-    """Why the Triton kernel cannot take these inputs, or None when it can."""
-    if x.ndim != 4 or B.ndim != 4:
-        return 'x / B are not 4-D'
-    if max(x.shape[-1], B.shape[-1]) > _KERNEL_MAX_DIM:
-        return f'head dim or state size > {_KERNEL_MAX_DIM}'
-    tensors = (x, dt, A, B, C) + ((D, ) if D is not None else ())
-    if any(t.dtype not in _KERNEL_DTYPES for t in tensors):
-        return f'dtype not in {[str(t) for t in _KERNEL_DTYPES]}'
-    if x.shape[1] == 0:
-        return 'empty sequence'
-    return None
+    log_choice_once(_logged_choices, _OPERATION, backend, reason)
 
 
 def select_ssd_backend(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
@@ -110,28 +82,18 @@ def select_ssd_backend(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: to
         ValueError: unknown backend name (argument or environment variable), or ``'triton'``
             forced on inputs the kernel cannot take.
     """
-    requested = _requested_backend(backend)
+    requested = requested_backend(backend, ('auto', ) + SSD_BACKENDS, SSD_BACKEND_ENV_VAR,
+                                  _ENV_CHOICES, _OPERATION)
     if requested in ('torch', 'naive'):
         _log_choice_once(requested, 'forced')
         return requested
     if requested == 'triton':
-        if not triton_kernel_available():
-            raise RuntimeError(
-                f"ssd_scan backend='triton' needs triton and the kernel module "
-                f'{TRITON_KERNEL_MODULE} (ssd_scan_triton); triton is not installed. Install '
-                "triton or use backend='torch'.")
-        if x.device.type != 'cuda' and not triton_interpreter_enabled():
-            raise RuntimeError(f"ssd_scan backend='triton' needs CUDA tensors (got {x.device}); "
-                               'set TRITON_INTERPRET=1 to run the kernels in the Triton CPU '
-                               "interpreter, or use backend='torch'")
-        reason = _kernel_unsupported_reason(x, dt, A, B, C, D)
-        if reason is not None:
-            raise ValueError(f"ssd_scan backend='triton' cannot take these inputs: {reason}; "
-                             "use backend='torch'")
+        check_forced_triton(x.device, triton_kernel_available(),
+                            lambda: kernel_unsupported_reason(x, dt, A, B, C, D), _OPERATION)
         _log_choice_once('triton', 'forced')
         return 'triton'
     return choose_auto_backend(x.device, triton_kernel_available,
-                               lambda: _kernel_unsupported_reason(x, dt, A, B, C, D),
+                               lambda: kernel_unsupported_reason(x, dt, A, B, C, D),
                                _log_choice_once)
 
 
@@ -168,5 +130,5 @@ def ssd_scan(x: torch.Tensor,
     if chosen == 'triton':
         kernel = importlib.import_module(TRITON_KERNEL_MODULE)
         return kernel.ssd_scan_triton(x, dt, A, B, C, D, chunk_size)
-    return ssd_scan_chunked(x, dt, A, B, C, D, chunk_size=chunk_size,
-                            chunks_per_step=chunks_per_step)
+    return ssd_scan_torch(x, dt, A, B, C, D, chunk_size=chunk_size,
+                          chunks_per_step=chunks_per_step)

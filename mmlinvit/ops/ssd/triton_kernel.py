@@ -1,6 +1,6 @@
 """Triton kernels of the Mamba-2 SSD chunk scan (forward and backward).
 
-Semantics are exactly those of :func:`.chunked.ssd_scan_chunked` (and of the oracle
+Semantics are exactly those of :func:`.torch_impl.ssd_scan_torch` (and of the oracle
 :func:`.naive.ssd_scan_naive`): per head ``h`` reading B/C group ``g = h // (H // G)``::
 
     h_t = exp(A_h dt_t) h_{t-1} + dt_t x_t B_t^T        (state (P, N), h_0 = 0)
@@ -60,17 +60,11 @@ import torch
 import triton
 import triton.language as tl
 
-from ..triton_utils import (KERNEL_DTYPES, KERNEL_MAX_HEAD_DIM, check_kernel_device,
-                            device_guard, dot_precision, interpreter_active)
-from .checks import check_ssd_inputs
+from ..triton_utils import check_kernel_device, device_guard, dot_precision, interpreter_active
+from .checks import check_chunk_size, check_ssd_inputs, kernel_unsupported_reason
 
 #: True when the kernels below were decorated under TRITON_INTERPRET=1 (CPU tensors).
 INTERPRETED: bool = interpreter_active()
-
-#: Largest supported head dim P and state size N (one place: :mod:`..triton_utils`).
-MAX_DIM = KERNEL_MAX_HEAD_DIM
-SUPPORTED_DTYPES = KERNEL_DTYPES
-
 
 # ---------------------------------------------------------------------------------------------
 # Forward kernels
@@ -473,22 +467,13 @@ def _validate(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tenso
               C: torch.Tensor, D: Optional[torch.Tensor], chunk_size: int) -> None:
     """Raises a ValueError/RuntimeError naming the problem for inputs the kernels cannot take."""
     check_ssd_inputs(x, dt, A, B, C, D)
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f'chunk_size must be a positive int, got {chunk_size!r}')
-    headdim, d_state = x.shape[-1], B.shape[-1]
-    if headdim > MAX_DIM or d_state > MAX_DIM:
-        raise ValueError(f'the Triton SSD scan supports head dims and state sizes <= {MAX_DIM}; '
-                         f'got P={headdim}, N={d_state}; use backend="torch"')
-    named = [('x', x), ('dt', dt), ('A', A), ('B', B), ('C', C)]
-    if D is not None:
-        named.append(('D', D))
-    for name, t in named:
-        if t.dtype not in SUPPORTED_DTYPES:
-            raise ValueError(f'{name} has dtype {t.dtype}; the Triton SSD scan supports '
-                             f'{[str(d) for d in SUPPORTED_DTYPES]}; use backend="torch"')
-    devices = {t.device for _, t in named}
-    if len(devices) != 1:
-        raise ValueError(f'SSD inputs are on different devices: {sorted(map(str, devices))}')
+    check_chunk_size(chunk_size)
+    if x.shape[1] == 0:
+        return  # empty sequence: ssd_scan_triton returns zeros without launching
+    reason = kernel_unsupported_reason(x, dt, A, B, C, D)
+    if reason is not None:
+        raise ValueError(f'the Triton SSD scan cannot take these inputs: {reason}; '
+                         'use backend="torch"')
     check_kernel_device(x.device, INTERPRETED, 'Triton SSD')
 
 

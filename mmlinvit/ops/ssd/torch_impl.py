@@ -24,7 +24,7 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from .checks import check_ssd_inputs
+from .checks import check_chunk_size, check_ssd_inputs
 
 
 #: Floor of the log decay before ``exp``: exp(-80) ~ 1.8e-35 stands in for weights that
@@ -136,7 +136,7 @@ def _scan_chunk_block(xdt: torch.Tensor, log_decay: torch.Tensor, b: torch.Tenso
     return y, state
 
 
-def ssd_scan_chunked(x: torch.Tensor,
+def ssd_scan_torch(x: torch.Tensor,
                      dt: torch.Tensor,
                      A: torch.Tensor,
                      B: torch.Tensor,
@@ -162,8 +162,7 @@ def ssd_scan_chunked(x: torch.Tensor,
         y (batch, L, H, P) in the dtype of ``x``.
     """
     check_ssd_inputs(x, dt, A, B, C, D)
-    if not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f'chunk_size must be a positive int, got {chunk_size!r}')
+    check_chunk_size(chunk_size)
     if chunks_per_step is not None and (not isinstance(chunks_per_step, int)
                                         or chunks_per_step < 1):
         raise ValueError(f'chunks_per_step must be None or a positive int, got '
@@ -207,6 +206,3 @@ def ssd_scan_chunked(x: torch.Tensor,
         y = y + D.to(acc)[None, None, :, None] * x.to(acc)
     return y.to(x.dtype)
 
-
-#: The package-wide ``<op>_torch`` name of the PyTorch path (as ``linear_attention_torch``).
-ssd_scan_torch = ssd_scan_chunked

@@ -1,6 +1,6 @@
 """Triton kernels for non-causal kernel linear attention (forward and backward).
 
-Semantics are exactly those of :func:`.naive.linear_attention_naive` /
+Semantics (and arguments) are exactly those of :func:`.naive.linear_attention_naive` /
 :func:`.torch_impl.linear_attention_torch` (feature map fused in-kernel) and of
 :func:`.torch_impl.inline_attention_torch` (InLine mode)::
 
@@ -36,18 +36,16 @@ import torch
 import triton
 import triton.language as tl
 
-from ..triton_utils import (KERNEL_DTYPES, KERNEL_MAX_HEAD_DIM, check_kernel_device,
-                            device_guard, dot_precision,
+from ..triton_utils import (check_kernel_device, device_guard, dot_precision,
                             interpreter_active)
+from .checks import (check_feature_map, check_linear_attention_inputs,
+                     kernel_unsupported_reason)
 
 #: True when the kernels below were decorated under TRITON_INTERPRET=1 (CPU tensors).
 INTERPRETED: bool = interpreter_active()
 
-#: Largest supported head dim (d of q/k and e of v); one place: :mod:`..triton_utils`.
-MAX_HEAD_DIM = KERNEL_MAX_HEAD_DIM
-
+#: Feature maps fused in the kernels, and their codes in the ``FEATURE`` constexpr.
 FEATURE_CODES = {'identity': 0, 'elu': 1, 'relu': 2}
-_SUPPORTED_DTYPES = KERNEL_DTYPES
 
 
 @triton.jit
@@ -341,26 +339,11 @@ def _strides(x: torch.Tensor) -> Tuple[int, int, int, int]:
 
 def _validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     """Raises a ValueError/RuntimeError naming the problem for inputs the kernels cannot take."""
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError('the Triton linear attention expects 4-D (B, H, N, d) q, k, v; got '
-                         f'{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}')
-    if q.shape[:2] != k.shape[:2] or q.shape[:2] != v.shape[:2]:
-        raise ValueError('q, k, v must share (B, H); got '
-                         f'{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}')
-    if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
-        raise ValueError('need q (B, H, N, d), k (B, H, M, d), v (B, H, M, e); got '
-                         f'{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}')
-    if q.shape[-2] == 0 or k.shape[-2] == 0:
-        raise ValueError('the Triton linear attention needs N >= 1 queries and M >= 1 keys')
-    if q.shape[-1] > MAX_HEAD_DIM or v.shape[-1] > MAX_HEAD_DIM:
-        raise ValueError(f'the Triton linear attention supports head dims <= {MAX_HEAD_DIM}; got '
-                         f'd={q.shape[-1]}, e={v.shape[-1]}; use backend="torch"')
-    for name, t in (('q', q), ('k', k), ('v', v)):
-        if t.dtype not in _SUPPORTED_DTYPES:
-            raise ValueError(f'{name} has dtype {t.dtype}; the Triton linear attention supports '
-                             f'{list(_SUPPORTED_DTYPES)}; use backend="torch"')
-    if not (q.device == k.device == v.device):
-        raise ValueError(f'q, k, v are on different devices: {q.device}, {k.device}, {v.device}')
+    check_linear_attention_inputs(q, k, v)
+    reason = kernel_unsupported_reason(q, k, v)
+    if reason is not None:
+        raise ValueError(f'the Triton linear attention cannot take these inputs: {reason}; '
+                         'use backend="torch"')
     check_kernel_device(q.device, INTERPRETED, 'Triton')
 
 
@@ -459,7 +442,7 @@ class _FusedLinearAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None
 
 
-def fused_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+def linear_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            feature_map: str = 'elu', eps: float = 1e-6) -> torch.Tensor:
     """Triton kernel LA: phi(Q) S / (phi(Q) z + eps), S = phi(K)^T V / M, z = mean(phi(K)).
 
@@ -474,15 +457,13 @@ def fused_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     Returns:
         (B, H, N, e) in the dtype of ``v``; differentiable w.r.t. q, k, v.
     """
-    if feature_map not in FEATURE_CODES:
-        raise KeyError(f'Unknown feature map {feature_map!r} for the Triton kernel; available: '
-                       f'{sorted(FEATURE_CODES)}')
+    check_feature_map(feature_map, tuple(FEATURE_CODES), 'the Triton linear attention')
     _validate(q, k, v)
     return _FusedLinearAttention.apply(q, k, v, FEATURE_CODES[feature_map], False, float(eps),
                                        1.0)
 
 
-def fused_inline_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+def inline_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            scale: float) -> torch.Tensor:
     """Triton InLine attention: s Q (K^T V / M) + (1 - s Q.kbar) vbar.
 
@@ -501,7 +482,3 @@ def fused_inline_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return _FusedLinearAttention.apply(q, k, v, FEATURE_CODES['identity'], True, 0.0,
                                        float(scale))
 
-
-#: The package-wide ``<op>_triton`` names of the Triton paths (as ``ssd_scan_triton``).
-linear_attention_triton = fused_linear_attention
-inline_attention_triton = fused_inline_attention
