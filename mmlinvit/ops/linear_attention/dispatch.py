@@ -95,20 +95,13 @@ def _triton_module() -> ModuleType:
     return importlib.import_module('.triton_kernel', __package__)
 
 
-def linear_attention(q: torch.Tensor,
-                     k: torch.Tensor,
-                     v: torch.Tensor,
-                     feature_map: str = 'elu',
-                     eps: float = 1e-6,
-                     backend: Optional[str] = None) -> torch.Tensor:
+def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, feature_map: str = 'elu',
+                     eps: float = 1e-6, backend: Optional[str] = None) -> torch.Tensor:
     """phi(Q) S / (phi(Q) z + eps), S = phi(K)^T V / N, z = mean(phi(K)), fp32 accumulation.
 
     Args:
-        q: Queries (B, H, N, d), before the feature map.
-        k: Keys (B, H, M, d), before the feature map.
-        v: Values (B, H, M, e).
-        feature_map: ``'elu'``, ``'relu'`` or ``'identity'``.
-        eps: Normaliser epsilon.
+        q, k, v, feature_map, eps: As :func:`.naive.linear_attention_naive` (the contract of
+            every backend).
         backend: ``None`` (environment / auto), ``'auto'``, ``'torch'`` or ``'triton'``.
 
     Returns:
@@ -122,20 +115,14 @@ def linear_attention(q: torch.Tensor,
     return linear_attention_torch(q, k, v, feature_map, eps)
 
 
-def inline_attention(q: torch.Tensor,
-                     k: torch.Tensor,
-                     v: torch.Tensor,
-                     scale: float,
+def inline_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
                      backend: Optional[str] = None) -> torch.Tensor:
     """InLine attention: A_ij = (s/M) q_i.k_j + (1/M)(1 - s q_i.kbar); rows sum to 1.
 
     out_i = s q_i (K^T V / M) + (1 - s q_i.kbar) vbar, accumulated in fp32.
 
     Args:
-        q: Queries (B, H, N, d) (identity feature map).
-        k: Keys (B, H, M, d).
-        v: Values (B, H, M, e).
-        scale: s, usually d ** -0.5.
+        q, k, v, scale: As :func:`.torch_impl.inline_attention_torch`.
         backend: ``None`` (environment / auto), ``'auto'``, ``'torch'`` or ``'triton'``.
 
     Returns:

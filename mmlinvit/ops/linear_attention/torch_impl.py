@@ -323,21 +323,14 @@ class _ChunkedLinearAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None, None
 
 
-def linear_attention_torch(q: torch.Tensor,
-                             k: torch.Tensor,
-                             v: torch.Tensor,
-                             feature_map: str = 'elu',
-                             eps: float = 1e-6,
-                             chunk_size: Optional[int] = None) -> torch.Tensor:
+def linear_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           feature_map: str = 'elu', eps: float = 1e-6,
+                           chunk_size: Optional[int] = None) -> torch.Tensor:
     """phi(Q) S / (phi(Q) z + eps), S = phi(K)^T V / M, z = mean phi(K); feature map fused.
 
     Args:
-        q: Raw queries (..., N, d), any strides, fp32/fp16/bf16.
-        k: Raw keys (..., M, d).
-        v: Values (..., M, e).
-        feature_map: ``'elu'`` (ELU + 1), ``'relu'`` or ``'identity'`` (inputs that already
-            are feature-mapped, e.g. Hedgehog features).
-        eps: Normaliser epsilon (on the 1/M-scaled normaliser).
+        q, k, v, feature_map, eps: As :func:`.naive.linear_attention_naive` (the contract of
+            every backend); any equal leading dims, any strides, fp32/fp16/bf16.
         chunk_size: Tokens per chunk; ``None`` sizes chunks by :data:`DEFAULT_CHUNK_BYTES`
             (CPU) or :data:`ACCELERATOR_CHUNK_BYTES` (other devices).
 
@@ -359,11 +352,8 @@ def linear_attention_torch(q: torch.Tensor,
                                          chunk_size is None)
 
 
-def linear_attention_graph(q: torch.Tensor,
-                           k: torch.Tensor,
-                           v: torch.Tensor,
-                           feature_map: str = 'elu',
-                           eps: float = 1e-6) -> torch.Tensor:
+def linear_attention_graph(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           feature_map: str = 'elu', eps: float = 1e-6) -> torch.Tensor:
     """The same result as :func:`linear_attention_torch` from whole-tensor ops.
 
     For graph capture (``torch.compile``, export): a few matmuls and element-wise ops that a

@@ -72,6 +72,26 @@ def _feature_grad(x, FEATURE: tl.constexpr):
     return y
 
 
+@triton.jit
+def _head_program(pid_bh, num_heads):
+    """Batch b, head h and the flat bh (all int64) of program ``pid_bh = b * H + h``."""
+    return ((pid_bh // num_heads).to(tl.int64), (pid_bh % num_heads).to(tl.int64),
+            pid_bh.to(tl.int64))
+
+
+@triton.jit
+def _load_rows(base, offs_row, stride_row, offs_f, stride_f, mask):
+    """fp32 (rows, features) tile ``base[row * stride_row + f * stride_f]``, 0 outside mask."""
+    return tl.load(base + offs_row[:, None].to(tl.int64) * stride_row + offs_f[None, :] * stride_f,
+                   mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _load_padded_matrix(PTR, bh, offs_d, offs_e, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr):
+    """The (BLOCK_D, BLOCK_E) fp32 matrix of head ``bh`` in a padded per-head buffer."""
+    return tl.load(PTR + bh * BLOCK_D * BLOCK_E + offs_d[:, None] * BLOCK_E + offs_e[None, :])
+
+
 @triton.jit(do_not_specialize=['num_heads', 'M', 'D', 'E', 'tiles_per_chunk'])
 def _state_kernel(K, V, S_PART, Z_PART, VBAR_PART,
                   stride_kb, stride_kh, stride_km, stride_kd,
@@ -83,8 +103,7 @@ def _state_kernel(K, V, S_PART, Z_PART, VBAR_PART,
     pid_bh = tl.program_id(0)
     pid_chunk = tl.program_id(1)
     n_chunks = tl.num_programs(1)
-    b = (pid_bh // num_heads).to(tl.int64)
-    h = (pid_bh % num_heads).to(tl.int64)
+    b, h, bh = _head_program(pid_bh, num_heads)
     k_base = K + b * stride_kb + h * stride_kh
     v_base = V + b * stride_vb + h * stride_vh
 
@@ -101,17 +120,15 @@ def _state_kernel(K, V, S_PART, Z_PART, VBAR_PART,
         mask_m = offs_m < M
         mask_k = mask_m[:, None] & mask_d[None, :]
         mask_v = mask_m[:, None] & mask_e[None, :]
-        k = tl.load(k_base + offs_m[:, None].to(tl.int64) * stride_km + offs_d[None, :] * stride_kd,
-                    mask=mask_k, other=0.0).to(tl.float32)
-        v = tl.load(v_base + offs_m[:, None].to(tl.int64) * stride_vm + offs_e[None, :] * stride_ve,
-                    mask=mask_v, other=0.0).to(tl.float32)
+        k = _load_rows(k_base, offs_m, stride_km, offs_d, stride_kd, mask_k)
+        v = _load_rows(v_base, offs_m, stride_vm, offs_e, stride_ve, mask_v)
         phi_k = tl.where(mask_k, _feature(k, FEATURE), 0.0)
         acc_s = tl.dot(tl.trans(phi_k), v, acc_s, input_precision=PRECISION)
         acc_z += tl.sum(phi_k, axis=0)
         if WITH_VBAR:
             acc_v += tl.sum(v, axis=0)
 
-    part = pid_bh.to(tl.int64) * n_chunks + pid_chunk
+    part = bh * n_chunks + pid_chunk
     tl.store(S_PART + part * BLOCK_D * BLOCK_E + offs_d[:, None] * BLOCK_E + offs_e[None, :],
              acc_s * inv_m)
     tl.store(Z_PART + part * BLOCK_D + offs_d, acc_z * inv_m)
@@ -127,11 +144,8 @@ def _output_kernel(Q, S, Z, VBAR, O,
                    FEATURE: tl.constexpr, INLINE: tl.constexpr, PRECISION: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr):
     """out = phi(Q) S / (phi(Q) z + eps), or InLine s Q S + (1 - s Q kbar) vbar, per query tile."""
-    pid_bh = tl.program_id(0)
+    b, h, bh = _head_program(tl.program_id(0), num_heads)
     pid_n = tl.program_id(1)
-    b = (pid_bh // num_heads).to(tl.int64)
-    h = (pid_bh % num_heads).to(tl.int64)
-    bh = pid_bh.to(tl.int64)
 
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -140,10 +154,9 @@ def _output_kernel(Q, S, Z, VBAR, O,
     mask_q = mask_n[:, None] & (offs_d < D)[None, :]
     mask_o = mask_n[:, None] & (offs_e < E)[None, :]
 
-    state = tl.load(S + bh * BLOCK_D * BLOCK_E + offs_d[:, None] * BLOCK_E + offs_e[None, :])
+    state = _load_padded_matrix(S, bh, offs_d, offs_e, BLOCK_D, BLOCK_E)
     z = tl.load(Z + bh * BLOCK_D + offs_d)
-    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_n[:, None].to(tl.int64) * stride_qn +
-                offs_d[None, :] * stride_qd, mask=mask_q, other=0.0).to(tl.float32)
+    q = _load_rows(Q + b * stride_qb + h * stride_qh, offs_n, stride_qn, offs_d, stride_qd, mask_q)
     phi_q = tl.where(mask_q, _feature(q, FEATURE), 0.0)
     num = tl.dot(phi_q, state, input_precision=PRECISION)
     qz = tl.sum(phi_q * z[None, :], axis=1)
@@ -165,12 +178,9 @@ def _bwd_q_kernel(Q, DO, S, Z, VBAR, DQ, DS_PART, DZ_PART, DVBAR_PART,
                   FEATURE: tl.constexpr, INLINE: tl.constexpr, PRECISION: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr):
     """dq of a query chunk plus its partial dS (d x e), dz (d) and, for InLine, dvbar (e)."""
-    pid_bh = tl.program_id(0)
+    b, h, bh = _head_program(tl.program_id(0), num_heads)
     pid_chunk = tl.program_id(1)
     n_chunks = tl.num_programs(1)
-    b = (pid_bh // num_heads).to(tl.int64)
-    h = (pid_bh % num_heads).to(tl.int64)
-    bh = pid_bh.to(tl.int64)
     q_base = Q + b * stride_qb + h * stride_qh
     g_base = DO + b * stride_gb + h * stride_gh
     dq_base = DQ + b * stride_dqb + h * stride_dqh
@@ -179,7 +189,7 @@ def _bwd_q_kernel(Q, DO, S, Z, VBAR, DQ, DS_PART, DZ_PART, DVBAR_PART,
     offs_e = tl.arange(0, BLOCK_E)
     mask_d = offs_d < D
     mask_e = offs_e < E
-    state = tl.load(S + bh * BLOCK_D * BLOCK_E + offs_d[:, None] * BLOCK_E + offs_e[None, :])
+    state = _load_padded_matrix(S, bh, offs_d, offs_e, BLOCK_D, BLOCK_E)
     state_t = tl.trans(state)
     z = tl.load(Z + bh * BLOCK_D + offs_d)
     if INLINE:
@@ -194,10 +204,8 @@ def _bwd_q_kernel(Q, DO, S, Z, VBAR, DQ, DS_PART, DZ_PART, DVBAR_PART,
         mask_q = mask_n[:, None] & mask_d[None, :]
         mask_g = mask_n[:, None] & mask_e[None, :]
         rows = offs_n[:, None].to(tl.int64)
-        q = tl.load(q_base + rows * stride_qn + offs_d[None, :] * stride_qd, mask=mask_q,
-                    other=0.0).to(tl.float32)
-        g = tl.load(g_base + rows * stride_gn + offs_e[None, :] * stride_ge, mask=mask_g,
-                    other=0.0).to(tl.float32)
+        q = _load_rows(q_base, offs_n, stride_qn, offs_d, stride_qd, mask_q)
+        g = _load_rows(g_base, offs_n, stride_gn, offs_e, stride_ge, mask_g)
         phi_q = tl.where(mask_q, _feature(q, FEATURE), 0.0)
         if INLINE:
             g_vbar = tl.sum(g * vbar[None, :], axis=1)  # (BLOCK_N, )
@@ -239,11 +247,8 @@ def _bwd_kv_kernel(K, V, DS, DZ, DVBAR, DK, DV,
                    FEATURE: tl.constexpr, WITH_VBAR: tl.constexpr, PRECISION: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr):
     """dk = phi'(k) (v dS^T + dz) / M and dv = (phi(k) dS + dvbar) / M of one key tile."""
-    pid_bh = tl.program_id(0)
+    b, h, bh = _head_program(tl.program_id(0), num_heads)
     pid_m = tl.program_id(1)
-    b = (pid_bh // num_heads).to(tl.int64)
-    h = (pid_bh % num_heads).to(tl.int64)
-    bh = pid_bh.to(tl.int64)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
@@ -254,13 +259,10 @@ def _bwd_kv_kernel(K, V, DS, DZ, DVBAR, DK, DV,
     rows = offs_m[:, None].to(tl.int64)
 
     # Scale the (unbounded) state gradients by 1/M before they meet per-token tensors.
-    d_state = tl.load(DS + bh * BLOCK_D * BLOCK_E + offs_d[:, None] * BLOCK_E +
-                      offs_e[None, :]) * inv_m
+    d_state = _load_padded_matrix(DS, bh, offs_d, offs_e, BLOCK_D, BLOCK_E) * inv_m
     dz = tl.load(DZ + bh * BLOCK_D + offs_d) * inv_m
-    k = tl.load(K + b * stride_kb + h * stride_kh + rows * stride_km + offs_d[None, :] * stride_kd,
-                mask=mask_k, other=0.0).to(tl.float32)
-    v = tl.load(V + b * stride_vb + h * stride_vh + rows * stride_vm + offs_e[None, :] * stride_ve,
-                mask=mask_v, other=0.0).to(tl.float32)
+    k = _load_rows(K + b * stride_kb + h * stride_kh, offs_m, stride_km, offs_d, stride_kd, mask_k)
+    v = _load_rows(V + b * stride_vb + h * stride_vh, offs_m, stride_vm, offs_e, stride_ve, mask_v)
     phi_k = tl.where(mask_k, _feature(k, FEATURE), 0.0)
     d_phi = tl.dot(v, tl.trans(d_state), input_precision=PRECISION) + dz[None, :]
     dk = d_phi * _feature_grad(k, FEATURE)
@@ -443,16 +445,12 @@ class _FusedLinearAttention(torch.autograd.Function):
 
 
 def linear_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                           feature_map: str = 'elu', eps: float = 1e-6) -> torch.Tensor:
+                            feature_map: str = 'elu', eps: float = 1e-6) -> torch.Tensor:
     """Triton kernel LA: phi(Q) S / (phi(Q) z + eps), S = phi(K)^T V / M, z = mean(phi(K)).
 
     Args:
-        q: Raw queries (B, H, N, d), any strides, fp32/fp16/bf16.
-        k: Raw keys (B, H, M, d).
-        v: Values (B, H, M, e); d, e <= 128.
-        feature_map: ``'elu'`` (ELU+1), ``'relu'`` or ``'identity'`` (pre-mapped inputs, any
-            sign, e.g. Hedgehog features computed by the caller).
-        eps: Normaliser epsilon (added to the 1/M-scaled denominator).
+        q, k, v, feature_map, eps: As :func:`.naive.linear_attention_naive` (the contract of
+            every backend); (B, H, N, d) layout, any strides, fp32/fp16/bf16, d, e <= 128.
 
     Returns:
         (B, H, N, e) in the dtype of ``v``; differentiable w.r.t. q, k, v.
@@ -464,14 +462,12 @@ def linear_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 def inline_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                           scale: float) -> torch.Tensor:
+                            scale: float) -> torch.Tensor:
     """Triton InLine attention: s Q (K^T V / M) + (1 - s Q.kbar) vbar.
 
     Args:
-        q: Queries (B, H, N, d) (identity feature map).
-        k: Keys (B, H, M, d).
-        v: Values (B, H, M, e).
-        scale: s, usually d ** -0.5.
+        q, k, v, scale: As :func:`.torch_impl.inline_attention_torch`; (B, H, N, d) layout,
+            fp32/fp16/bf16, d, e <= 128.
 
     Returns:
         (B, H, N, e) in the dtype of ``v``; differentiable w.r.t. q, k, v.

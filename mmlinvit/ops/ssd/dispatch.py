@@ -97,25 +97,14 @@ def select_ssd_backend(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: to
                                _log_choice_once)
 
 
-def ssd_scan(x: torch.Tensor,
-             dt: torch.Tensor,
-             A: torch.Tensor,
-             B: torch.Tensor,
-             C: torch.Tensor,
-             D: Optional[torch.Tensor] = None,
-             chunk_size: int = 256,
+def ssd_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+             C: torch.Tensor, D: Optional[torch.Tensor] = None, chunk_size: int = 256,
              backend: Optional[str] = None,
              chunks_per_step: Optional[int] = None) -> torch.Tensor:
     """Mamba-2 SSD scan: h_t = exp(A dt_t) h_{t-1} + dt_t x_t B_t^T; y_t = C_t h_t + D x_t.
 
     Args:
-        x: Inputs (batch, L, H, P).
-        dt: Step sizes (batch, L, H), already positive (softplus applied).
-        A: Per-head decay rates (H,), negative.
-        B: Input projections (batch, L, G, N), ``H % G == 0``; head h reads group
-            ``h // (H // G)``.
-        C: Output projections (batch, L, G, N).
-        D: Optional per-head skip (H,).
+        x, dt, A, B, C, D: As :func:`.naive.ssd_scan_naive` (the contract of every backend).
         chunk_size: Tokens per chunk (any L works).
         backend: ``None`` (environment / auto), ``'auto'``, ``'torch'``, ``'naive'`` or
             ``'triton'`` (see the module docstring).

@@ -16,19 +16,16 @@ import torch
 from .checks import check_ssd_inputs
 
 
-def ssd_scan_naive(x: torch.Tensor,
-                   dt: torch.Tensor,
-                   A: torch.Tensor,
-                   B: torch.Tensor,
-                   C: torch.Tensor,
-                   D: Optional[torch.Tensor] = None) -> torch.Tensor:
+def ssd_scan_naive(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                   C: torch.Tensor, D: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Mamba-2 scan by the token-by-token recurrence, in fp32 (fp64 for fp64 inputs).
 
     Args:
         x: Inputs (batch, L, H, P).
         dt: Step sizes (batch, L, H), already positive (softplus applied).
         A: Per-head decay rates (H,), negative.
-        B: Input projections (batch, L, G, N), ``H % G == 0``.
+        B: Input projections (batch, L, G, N), ``H % G == 0``; head h reads group
+            ``h // (H // G)``.
         C: Output projections (batch, L, G, N).
         D: Optional per-head skip (H,).
 

@@ -136,24 +136,13 @@ def _scan_chunk_block(xdt: torch.Tensor, log_decay: torch.Tensor, b: torch.Tenso
     return y, state
 
 
-def ssd_scan_torch(x: torch.Tensor,
-                     dt: torch.Tensor,
-                     A: torch.Tensor,
-                     B: torch.Tensor,
-                     C: torch.Tensor,
-                     D: Optional[torch.Tensor] = None,
-                     chunk_size: int = 256,
-                     chunks_per_step: Optional[int] = None) -> torch.Tensor:
+def ssd_scan_torch(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                   C: torch.Tensor, D: Optional[torch.Tensor] = None, chunk_size: int = 256,
+                   chunks_per_step: Optional[int] = None) -> torch.Tensor:
     """Mamba-2 scan by chunks (see the module docstring), accumulated in fp32 (fp64 for fp64).
 
     Args:
-        x: Inputs (batch, L, H, P).
-        dt: Step sizes (batch, L, H), already positive (softplus applied).
-        A: Per-head decay rates (H,), negative.
-        B: Input projections (batch, L, G, N), ``H % G == 0``; head h uses group
-            ``h // (H // G)``.
-        C: Output projections (batch, L, G, N).
-        D: Optional per-head skip (H,).
+        x, dt, A, B, C, D: As :func:`.naive.ssd_scan_naive` (the contract of every backend).
         chunk_size: Tokens per chunk Q (any L works; the last chunk is padded).
         chunks_per_step: Chunks processed together; ``None`` vectorises all of them, a small
             number bounds the (chunks, Q, Q) temporaries (inference at high resolution).

@@ -67,6 +67,48 @@ from .checks import check_chunk_size, check_ssd_inputs, kernel_unsupported_reaso
 INTERPRETED: bool = interpreter_active()
 
 # ---------------------------------------------------------------------------------------------
+# Tile helpers (inlined into the kernels)
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _chunk_program(pid, num_heads, heads_per_group, Q, n_chunks):
+    """Chunk c, batch b, head h, B/C group g and row0 of program ``pid``.
+
+    ``pid = (batch * head) * n_chunks + c``; ``row0`` is the chunk's first index in the
+    (BH, chunks * Q) cs / dt buffers.
+    """
+    bh = pid // n_chunks
+    c = pid % n_chunks
+    h = bh % num_heads
+    row0 = bh.to(tl.int64) * n_chunks * Q + c * Q
+    return c, (bh // num_heads).to(tl.int64), h, h // heads_per_group, row0
+
+
+@triton.jit
+def _chunk_tokens(start, c, Q, L, BLOCK: tl.constexpr):
+    """A tile of a chunk's tokens: offsets in the chunk, in-chunk mask, int64 token index
+    and the mask of real tokens (the last chunk is padded past L)."""
+    offs = start + tl.arange(0, BLOCK)
+    in_chunk = offs < Q
+    t = (c * Q + offs).to(tl.int64)
+    return offs, in_chunk, t, in_chunk & (t < L)
+
+
+@triton.jit
+def _load_tokens(base, t, stride_t, offs_f, stride_f, mask_t, mask_f):
+    """fp32 (tokens, features) tile ``base[t * stride_t + f * stride_f]``, 0 outside masks."""
+    return tl.load(base + t[:, None] * stride_t + offs_f[None, :] * stride_f,
+                   mask=mask_t[:, None] & mask_f[None, :], other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _causal_decay(cs_i, cs_j, causal):
+    """exp(cs_i - cs_j) where ``causal``, else 0 (the -inf is masked before the exp)."""
+    return tl.exp(tl.where(causal, cs_i - cs_j, float('-inf')))
+
+
+# ---------------------------------------------------------------------------------------------
 # Forward kernels
 # ---------------------------------------------------------------------------------------------
 
@@ -108,12 +150,7 @@ def _chunk_state_kernel(X, BM, CS, DT, OUT,
     """
     pid = tl.program_id(0)  # (batch * head) * n_chunks + chunk
     pid_p = tl.program_id(1)
-    bh = pid // n_chunks
-    c = pid % n_chunks
-    b = (bh // num_heads).to(tl.int64)
-    h = bh % num_heads
-    g = h // heads_per_group
-    row0 = bh.to(tl.int64) * n_chunks * Q + c * Q
+    c, b, h, g, row0 = _chunk_program(pid, num_heads, heads_per_group, Q, n_chunks)
 
     offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
     offs_n = tl.arange(0, BLOCK_N)
@@ -124,14 +161,10 @@ def _chunk_state_kernel(X, BM, CS, DT, OUT,
     cs_end = tl.load(CS + row0 + Q - 1)
     acc = tl.zeros((BLOCK_P, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, Q, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        in_chunk = offs_k < Q
-        t = (c * Q + offs_k).to(tl.int64)
-        valid = in_chunk & (t < L)
+        offs_k, in_chunk, t, valid = _chunk_tokens(k0, c, Q, L, BLOCK_K)
         x_t = tl.load(x_base + t[None, :] * stride_xl + offs_p[:, None] * stride_xp,
                       mask=mask_p[:, None] & valid[None, :], other=0.0).to(tl.float32)
-        bm = tl.load(b_base + t[:, None] * stride_bl + offs_n[None, :] * stride_bn,
-                     mask=valid[:, None] & mask_n[None, :], other=0.0).to(tl.float32)
+        bm = _load_tokens(b_base, t, stride_bl, offs_n, stride_bn, valid, mask_n)
         cs_k = tl.load(CS + row0 + offs_k, mask=in_chunk, other=0.0)
         if LOCAL:
             w = tl.exp(cs_k)
@@ -174,38 +207,26 @@ def _chunk_scan_fwd_kernel(X, BM, CM, CS, DT, ST, DSKIP, Y,
     pid = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_p = tl.program_id(2)
-    bh = pid // n_chunks
-    c = pid % n_chunks
-    b = (bh // num_heads).to(tl.int64)
-    h = bh % num_heads
-    g = h // heads_per_group
-    row0 = bh.to(tl.int64) * n_chunks * Q + c * Q
+    c, b, h, g, row0 = _chunk_program(pid, num_heads, heads_per_group, Q, n_chunks)
     x_base = X + b * stride_xb + h * stride_xh
     b_base = BM + b * stride_bb + g * stride_bg
     c_base = CM + b * stride_cb + g * stride_cg
 
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_m, in_m, t_m, valid_m = _chunk_tokens(pid_m * BLOCK_M, c, Q, L, BLOCK_M)
     offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
     offs_n = tl.arange(0, BLOCK_N)
     mask_p = offs_p < P
     mask_n = offs_n < N
-    in_m = offs_m < Q
-    t_m = (c * Q + offs_m).to(tl.int64)
-    valid_m = in_m & (t_m < L)
 
     cs_m = tl.load(CS + row0 + offs_m, mask=in_m, other=0.0)
-    cm = tl.load(c_base + t_m[:, None] * stride_cl + offs_n[None, :] * stride_cn,
-                 mask=valid_m[:, None] & mask_n[None, :], other=0.0).to(tl.float32)
+    cm = _load_tokens(c_base, t_m, stride_cl, offs_n, stride_cn, valid_m, mask_n)
     state_t = tl.load(ST + pid.to(tl.int64) * P * N + offs_p[None, :] * N + offs_n[:, None],
                       mask=mask_n[:, None] & mask_p[None, :], other=0.0)  # (N, P)
     acc = tl.dot(cm, state_t, input_precision=PRECISION) * tl.exp(cs_m)[:, None]
 
     hi = tl.minimum((pid_m + 1) * BLOCK_M, Q)
     for k0 in range(0, hi, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        in_k = offs_k < Q
-        t_k = (c * Q + offs_k).to(tl.int64)
-        valid_k = in_k & (t_k < L)
+        offs_k, in_k, t_k, valid_k = _chunk_tokens(k0, c, Q, L, BLOCK_K)
         cs_k = tl.load(CS + row0 + offs_k, mask=in_k, other=0.0)
         dt_k = tl.load(DT + row0 + offs_k, mask=in_k, other=0.0)
         bm_t = tl.load(b_base + t_k[None, :] * stride_bl + offs_n[:, None] * stride_bn,
@@ -213,16 +234,13 @@ def _chunk_scan_fwd_kernel(X, BM, CM, CS, DT, ST, DSKIP, Y,
         scores = tl.dot(cm, bm_t, input_precision=PRECISION)  # (M, K)
         causal = ((offs_k[None, :] <= offs_m[:, None]) & valid_k[None, :] &
                   valid_m[:, None])
-        decay = tl.exp(tl.where(causal, cs_m[:, None] - cs_k[None, :], float('-inf')))
-        weights = scores * decay * dt_k[None, :]
-        xk = tl.load(x_base + t_k[:, None] * stride_xl + offs_p[None, :] * stride_xp,
-                     mask=valid_k[:, None] & mask_p[None, :], other=0.0).to(tl.float32)
+        weights = scores * _causal_decay(cs_m[:, None], cs_k[None, :], causal) * dt_k[None, :]
+        xk = _load_tokens(x_base, t_k, stride_xl, offs_p, stride_xp, valid_k, mask_p)
         acc = tl.dot(weights, xk, acc, input_precision=PRECISION)
 
     mask_y = valid_m[:, None] & mask_p[None, :]
     if HAS_D:
-        xm = tl.load(x_base + t_m[:, None] * stride_xl + offs_p[None, :] * stride_xp,
-                     mask=mask_y, other=0.0).to(tl.float32)
+        xm = _load_tokens(x_base, t_m, stride_xl, offs_p, stride_xp, valid_m, mask_p)
         acc += tl.load(DSKIP + h).to(tl.float32) * xm
     tl.store(Y + b * stride_yb + h * stride_yh + t_m[:, None] * stride_yl +
              offs_p[None, :] * stride_yp, acc.to(Y.dtype.element_ty), mask=mask_y)
@@ -281,35 +299,25 @@ def _chunk_scan_bwd_dx_kernel(X, BM, CM, DY, CS, DT, DST, DSKIP, DX, DBH, DDT, D
     """
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
-    bh = pid // n_chunks
-    c = pid % n_chunks
-    b = (bh // num_heads).to(tl.int64)
-    h = bh % num_heads
-    g = h // heads_per_group
-    row0 = bh.to(tl.int64) * n_chunks * Q + c * Q
+    c, b, h, g, row0 = _chunk_program(pid, num_heads, heads_per_group, Q, n_chunks)
     x_base = X + b * stride_xb + h * stride_xh
     dy_base = DY + b * stride_gb + h * stride_gh
     b_base = BM + b * stride_bb + g * stride_bg
     c_base = CM + b * stride_cb + g * stride_cg
 
-    offs_k = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
+    offs_k, in_k, t_k, valid_k = _chunk_tokens(pid_k * BLOCK_K, c, Q, L, BLOCK_K)
     offs_p = tl.arange(0, BLOCK_P)
     offs_n = tl.arange(0, BLOCK_N)
     mask_p = offs_p < P
     mask_n = offs_n < N
-    in_k = offs_k < Q
-    t_k = (c * Q + offs_k).to(tl.int64)
-    valid_k = in_k & (t_k < L)
     mask_kp = valid_k[:, None] & mask_p[None, :]
     mask_kn = valid_k[:, None] & mask_n[None, :]
 
     cs_k = tl.load(CS + row0 + offs_k, mask=in_k, other=0.0)
     dt_k = tl.load(DT + row0 + offs_k, mask=in_k, other=0.0)
     cs_end = tl.load(CS + row0 + Q - 1)
-    bm = tl.load(b_base + t_k[:, None] * stride_bl + offs_n[None, :] * stride_bn, mask=mask_kn,
-                 other=0.0).to(tl.float32)
-    xk = tl.load(x_base + t_k[:, None] * stride_xl + offs_p[None, :] * stride_xp, mask=mask_kp,
-                 other=0.0).to(tl.float32)
+    bm = _load_tokens(b_base, t_k, stride_bl, offs_n, stride_bn, valid_k, mask_n)
+    xk = _load_tokens(x_base, t_k, stride_xl, offs_p, stride_xp, valid_k, mask_p)
     d_state = tl.load(DST + pid.to(tl.int64) * P * N + offs_p[:, None] * N + offs_n[None, :],
                       mask=mask_p[:, None] & mask_n[None, :], other=0.0)  # (P, N)
     to_end = tl.where(valid_k, tl.exp(cs_end - cs_k), 0.0)
@@ -318,17 +326,12 @@ def _chunk_scan_bwd_dx_kernel(X, BM, CM, DY, CS, DT, DST, DSKIP, DX, DBH, DDT, D
 
     m_start = (pid_k * BLOCK_K // BLOCK_M) * BLOCK_M
     for m0 in range(m_start, Q, BLOCK_M):
-        offs_m = m0 + tl.arange(0, BLOCK_M)
-        in_m = offs_m < Q
-        t_m = (c * Q + offs_m).to(tl.int64)
-        valid_m = in_m & (t_m < L)
+        offs_m, in_m, t_m, valid_m = _chunk_tokens(m0, c, Q, L, BLOCK_M)
         cs_m = tl.load(CS + row0 + offs_m, mask=in_m, other=0.0)
-        cm = tl.load(c_base + t_m[:, None] * stride_cl + offs_n[None, :] * stride_cn,
-                     mask=valid_m[:, None] & mask_n[None, :], other=0.0).to(tl.float32)
-        dym = tl.load(dy_base + t_m[:, None] * stride_gl + offs_p[None, :] * stride_gp,
-                      mask=valid_m[:, None] & mask_p[None, :], other=0.0).to(tl.float32)
+        cm = _load_tokens(c_base, t_m, stride_cl, offs_n, stride_cn, valid_m, mask_n)
+        dym = _load_tokens(dy_base, t_m, stride_gl, offs_p, stride_gp, valid_m, mask_p)
         causal = (offs_m[None, :] >= offs_k[:, None]) & valid_m[None, :]
-        decay_t = tl.exp(tl.where(causal, cs_m[None, :] - cs_k[:, None], float('-inf')))
+        decay_t = _causal_decay(cs_m[None, :], cs_k[:, None], causal)  # (K, M)
         scores_t = tl.dot(bm, tl.trans(cm), input_precision=PRECISION)  # (K, M)
         grad = tl.dot(scores_t * decay_t, dym, grad, input_precision=PRECISION)
         x_dy = tl.dot(xk, tl.trans(dym), input_precision=PRECISION)  # (K, M)
@@ -337,8 +340,7 @@ def _chunk_scan_bwd_dx_kernel(X, BM, CM, DY, CS, DT, DST, DSKIP, DX, DBH, DDT, D
     ddt = tl.sum(grad * xk, axis=1)
     dx = grad * dt_k[:, None]
     if HAS_D:
-        dyk = tl.load(dy_base + t_k[:, None] * stride_gl + offs_p[None, :] * stride_gp,
-                      mask=mask_kp, other=0.0).to(tl.float32)
+        dyk = _load_tokens(dy_base, t_k, stride_gl, offs_p, stride_gp, valid_k, mask_p)
         dx += tl.load(DSKIP + h).to(tl.float32) * dyk
         n_k_tiles = tl.num_programs(1)
         tl.store(DD_PART + pid.to(tl.int64) * n_k_tiles + pid_k, tl.sum(tl.sum(dyk * xk, axis=1),
@@ -369,32 +371,22 @@ def _chunk_scan_bwd_dc_kernel(X, BM, CM, DY, CS, DT, ST, DCH, DCS,
     """
     pid = tl.program_id(0)
     pid_m = tl.program_id(1)
-    bh = pid // n_chunks
-    c = pid % n_chunks
-    b = (bh // num_heads).to(tl.int64)
-    h = bh % num_heads
-    g = h // heads_per_group
-    row0 = bh.to(tl.int64) * n_chunks * Q + c * Q
+    c, b, h, g, row0 = _chunk_program(pid, num_heads, heads_per_group, Q, n_chunks)
     x_base = X + b * stride_xb + h * stride_xh
     dy_base = DY + b * stride_gb + h * stride_gh
     b_base = BM + b * stride_bb + g * stride_bg
     c_base = CM + b * stride_cb + g * stride_cg
 
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_m, in_m, t_m, valid_m = _chunk_tokens(pid_m * BLOCK_M, c, Q, L, BLOCK_M)
     offs_p = tl.arange(0, BLOCK_P)
     offs_n = tl.arange(0, BLOCK_N)
     mask_p = offs_p < P
     mask_n = offs_n < N
-    in_m = offs_m < Q
-    t_m = (c * Q + offs_m).to(tl.int64)
-    valid_m = in_m & (t_m < L)
     mask_mn = valid_m[:, None] & mask_n[None, :]
 
     cs_m = tl.load(CS + row0 + offs_m, mask=in_m, other=0.0)
-    cm = tl.load(c_base + t_m[:, None] * stride_cl + offs_n[None, :] * stride_cn, mask=mask_mn,
-                 other=0.0).to(tl.float32)
-    dym = tl.load(dy_base + t_m[:, None] * stride_gl + offs_p[None, :] * stride_gp,
-                  mask=valid_m[:, None] & mask_p[None, :], other=0.0).to(tl.float32)
+    cm = _load_tokens(c_base, t_m, stride_cl, offs_n, stride_cn, valid_m, mask_n)
+    dym = _load_tokens(dy_base, t_m, stride_gl, offs_p, stride_gp, valid_m, mask_p)
     state = tl.load(ST + pid.to(tl.int64) * P * N + offs_p[:, None] * N + offs_n[None, :],
                     mask=mask_p[:, None] & mask_n[None, :], other=0.0)  # (P, N)
     from_state = tl.where(valid_m, tl.exp(cs_m), 0.0)
@@ -402,19 +394,14 @@ def _chunk_scan_bwd_dc_kernel(X, BM, CM, DY, CS, DT, ST, DCH, DCS,
 
     hi = tl.minimum((pid_m + 1) * BLOCK_M, Q)
     for k0 in range(0, hi, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        in_k = offs_k < Q
-        t_k = (c * Q + offs_k).to(tl.int64)
-        valid_k = in_k & (t_k < L)
+        offs_k, in_k, t_k, valid_k = _chunk_tokens(k0, c, Q, L, BLOCK_K)
         cs_k = tl.load(CS + row0 + offs_k, mask=in_k, other=0.0)
         dt_k = tl.load(DT + row0 + offs_k, mask=in_k, other=0.0)
-        bm = tl.load(b_base + t_k[:, None] * stride_bl + offs_n[None, :] * stride_bn,
-                     mask=valid_k[:, None] & mask_n[None, :], other=0.0).to(tl.float32)
-        xk = tl.load(x_base + t_k[:, None] * stride_xl + offs_p[None, :] * stride_xp,
-                     mask=valid_k[:, None] & mask_p[None, :], other=0.0).to(tl.float32)
+        bm = _load_tokens(b_base, t_k, stride_bl, offs_n, stride_bn, valid_k, mask_n)
+        xk = _load_tokens(x_base, t_k, stride_xl, offs_p, stride_xp, valid_k, mask_p)
         causal = ((offs_k[None, :] <= offs_m[:, None]) & valid_k[None, :] &
                   valid_m[:, None])
-        decay = tl.exp(tl.where(causal, cs_m[:, None] - cs_k[None, :], float('-inf')))
+        decay = _causal_decay(cs_m[:, None], cs_k[None, :], causal)
         dy_x = tl.dot(dym, tl.trans(xk), input_precision=PRECISION)  # (M, K)
         d_c = tl.dot(dy_x * decay * dt_k[None, :], bm, d_c, input_precision=PRECISION)
 
@@ -594,26 +581,14 @@ class _SSDScanTriton(torch.autograd.Function):
         return (*grads, None)
 
 
-def ssd_scan_triton(x: torch.Tensor,
-                    dt: torch.Tensor,
-                    A: torch.Tensor,
-                    B: torch.Tensor,
-                    C: torch.Tensor,
-                    D: Optional[torch.Tensor] = None,
+def ssd_scan_triton(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                    C: torch.Tensor, D: Optional[torch.Tensor] = None,
                     chunk_size: int = 256) -> torch.Tensor:
     """Mamba-2 SSD scan with the Triton kernels (forward and backward in Triton).
 
-    Same contract as :func:`mmlinvit.ops.ssd.ssd_scan`: h_t = exp(A dt_t) h_{t-1} +
-    dt_t x_t B_t^T, y_t = C_t h_t + D x_t, fp32 accumulation.
-
     Args:
-        x: Inputs (batch, L, H, P), P <= 128, any strides, fp32/fp16/bf16.
-        dt: Step sizes (batch, L, H), already positive (softplus applied).
-        A: Per-head decay rates (H,), negative.
-        B: Input projections (batch, L, G, N), N <= 128, ``H % G == 0``; head h reads group
-            ``h // (H // G)``.
-        C: Output projections (batch, L, G, N).
-        D: Optional per-head skip (H,).
+        x, dt, A, B, C, D: As :func:`.naive.ssd_scan_naive` (the contract of every backend);
+            P, N <= 128, any strides, fp32/fp16/bf16.
         chunk_size: Tokens per chunk Q (any L works; the last chunk is masked).
 
     Returns:
