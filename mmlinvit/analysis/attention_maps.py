@@ -21,7 +21,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.hooks import RemovableHandle
 
+from mmlinvit.backbones.outputs import resolve_out_indices
 from mmlinvit.layers.patch_embed import patch_grid
 
 
@@ -34,14 +36,14 @@ def _check_query(hw_shape: Tuple[int, int], row: int, col: int) -> int:
     return row * w + col
 
 
-def _layer_indices(layers: Sequence[int], depth: int) -> List[int]:
-    out = []
-    for idx in layers:
-        real = idx + depth if idx < 0 else idx
-        if not 0 <= real < depth:
-            raise IndexError(f'layer {idx} is out of range for a model with {depth} blocks')
-        out.append(real)
-    return out
+def _run_hooked(model: nn.Module, images: torch.Tensor, handles: List[RemovableHandle]) -> None:
+    """Runs ``model(images)`` without gradients, then removes the hooks ``handles``."""
+    try:
+        with torch.no_grad():
+            model(images)
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def capture_attention_inputs(model: nn.Module, images: torch.Tensor,
@@ -61,9 +63,8 @@ def capture_attention_inputs(model: nn.Module, images: torch.Tensor,
         raise TypeError(f'{type(model).__name__} has no `blocks` with attention operators; '
                         'attention maps need a VisionTransformer (use '
                         'activation_similarity_maps for Adventurer)')
-    indices = _layer_indices(layers, len(blocks))
+    indices = resolve_out_indices(layers, len(blocks), 'layers')
     captured: Dict[int, Tuple[torch.Tensor, tuple, int]] = {}
-    handles = []
 
     def make_hook(layer: int):
 
@@ -76,15 +77,11 @@ def capture_attention_inputs(model: nn.Module, images: torch.Tensor,
 
         return hook
 
-    for layer in indices:
-        handles.append(blocks[layer].attn.register_forward_pre_hook(make_hook(layer),
-                                                                    with_kwargs=True))
-    try:
-        with torch.no_grad():
-            model(images)
-    finally:
-        for handle in handles:
-            handle.remove()
+    handles = [
+        blocks[layer].attn.register_forward_pre_hook(make_hook(layer), with_kwargs=True)
+        for layer in indices
+    ]
+    _run_hooked(model, images, handles)
     return captured
 
 
@@ -146,9 +143,8 @@ def activation_similarity_maps(model: nn.Module, images: torch.Tensor, query: Tu
     if layers is None or patch_embed is None:
         raise TypeError(f'{type(model).__name__} has no `layers` / `patch_embed`; activation '
                         'maps here expect an Adventurer backbone')
-    indices = _layer_indices(blocks, len(layers))
+    indices = resolve_out_indices(blocks, len(layers), 'blocks')
     outputs: Dict[int, torch.Tensor] = {}
-    handles = []
 
     def make_hook(block: int):
 
@@ -157,14 +153,8 @@ def activation_similarity_maps(model: nn.Module, images: torch.Tensor, query: Tu
 
         return hook
 
-    for block in indices:
-        handles.append(layers[block].register_forward_hook(make_hook(block)))
-    try:
-        with torch.no_grad():
-            model(images)
-    finally:
-        for handle in handles:
-            handle.remove()
+    _run_hooked(model, images,
+                [layers[block].register_forward_hook(make_hook(block)) for block in indices])
     p = patch_embed.patch_size
     hw_shape = patch_grid(images.shape[-2:], p)
     q_index = _check_query(hw_shape, *query)

@@ -14,12 +14,15 @@ def check_out_type(out_type: str) -> None:
         raise KeyError(f'Unknown out_type {out_type!r}; available: {OUT_TYPES}')
 
 
-def resolve_out_indices(out_indices: Union[int, Sequence[int]], num_layers: int) -> List[int]:
+def resolve_out_indices(out_indices: Union[int, Sequence[int]],
+                        num_layers: int,
+                        name: str = 'out_indices') -> List[int]:
     """Non-negative block indices from ``out_indices`` (negative counts from the end).
 
     Args:
         out_indices: One index or a sequence of indices.
         num_layers: Number of blocks.
+        name: The argument's name, for the error message.
 
     Raises:
         IndexError: naming the entry that is out of range.
@@ -30,7 +33,7 @@ def resolve_out_indices(out_indices: Union[int, Sequence[int]], num_layers: int)
     for idx in out_indices:
         real = idx + num_layers if idx < 0 else idx
         if not 0 <= real < num_layers:
-            raise IndexError(f'out_indices entry {idx} is out of range for {num_layers} layers')
+            raise IndexError(f'{name} entry {idx} is out of range for {num_layers} layers')
         resolved.append(real)
     return resolved
 

@@ -59,6 +59,27 @@ def _rename(out: StateDict, report: ConversionReport, src: str, dst: str,
         report.renamed[src] = dst
 
 
+def _keys_under(state_dict: Mapping[str, torch.Tensor], prefix: str, report: ConversionReport,
+                drop_reason: str) -> StateDict:
+    """The keys under ``prefix``, without it; every other key is dropped with ``drop_reason``."""
+    out = {}
+    for k, v in state_dict.items():
+        if k.startswith(prefix):
+            out[k[len(prefix):]] = v
+        else:
+            report.drop(k, drop_reason)
+    return out
+
+
+def _first_swap(name: str, swaps: Sequence[Tuple[str, str]]) -> str:
+    """``name`` with the first of the ``(pattern, replacement)`` swaps that matches applied."""
+    for pattern, repl in swaps:
+        new, count = re.subn(pattern, repl, name)
+        if count:
+            return new
+    return name
+
+
 def select_backbone(state_dict: Mapping[str, torch.Tensor],
                     prefixes: Sequence[str] = BACKBONE_PREFIXES) -> ConversionResult:
     """Strips DDP ``module.`` and keeps the keys under a backbone prefix.
@@ -80,12 +101,7 @@ def select_backbone(state_dict: Mapping[str, torch.Tensor],
         report.notes.append("stripped the 'module.' prefix of every key")
     for prefix in prefixes:
         if any(k.startswith(prefix) for k in sd):
-            out = {}
-            for k, v in sd.items():
-                if k.startswith(prefix):
-                    out[k[len(prefix):]] = v
-                else:
-                    report.drop(k, f'outside {prefix!r}')
+            out = _keys_under(sd, prefix, report, f'outside {prefix!r}')
             report.prefix = prefix
             return out, report
     return sd, report
@@ -294,13 +310,8 @@ def convert_openai_clip(state_dict: Mapping[str, torch.Tensor],
     prefix = ''
     if any(k.startswith('visual.') for k in sd):
         prefix = 'visual.'
-        visual = {}
-        for k, v in sd.items():
-            if k.startswith('visual.'):
-                visual[k[len('visual.'):]] = v
-            else:
-                report.drop(k, 'CLIP text tower / logit scale (not the image encoder)')
-        sd = visual
+        sd = _keys_under(sd, prefix, report,
+                         'CLIP text tower / logit scale (not the image encoder)')
     if any(k.startswith(('layer1.', 'attnpool.')) for k in sd):
         raise ValueError('This is a ResNet CLIP checkpoint (layer1 / attnpool keys); only '
                          'ViT CLIP checkpoints convert to the ViT backbone')
@@ -320,12 +331,7 @@ def convert_openai_clip(state_dict: Mapping[str, torch.Tensor],
         if key == 'positional_embedding':
             _rename(out, report, prefix + key, 'pos_embed', value.reshape(1, *value.shape[-2:]))
             continue
-        new = key
-        for pattern, repl in _CLIP_SWAPS:
-            new, count = re.subn(pattern, repl, new)
-            if count:
-                break
-        _rename(out, report, prefix + key, new, value)
+        _rename(out, report, prefix + key, _first_swap(key, _CLIP_SWAPS), value)
     return out, report
 
 
@@ -372,11 +378,7 @@ def convert_mmpretrain(state_dict: Mapping[str, torch.Tensor]) -> ConversionResu
         else:
             match = re.match(r'^layers\.(\d+)\.(.*)$', key)
             if match:
-                rest = match.group(2)
-                for pattern, repl in _MMPRETRAIN_BLOCK_SWAPS:
-                    rest, count = re.subn(pattern, repl, rest)
-                    if count:
-                        break
+                rest = _first_swap(match.group(2), _MMPRETRAIN_BLOCK_SWAPS)
                 new = f'blocks.{match.group(1)}.{rest}'
         _rename(out, report, key, new, value)
     return out, report

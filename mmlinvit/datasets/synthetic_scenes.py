@@ -11,7 +11,7 @@ Only numpy and Pillow are needed; generation is deterministic for a given seed.
 """
 import os
 import os.path as osp
-from typing import Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Sequence, Tuple
 
 import numpy as np
 from PIL import Image
@@ -119,6 +119,26 @@ def _write(path: str, array: np.ndarray, **save_kwargs) -> None:
     Image.fromarray(array).save(path, **save_kwargs)
 
 
+def _write_splits(counts: Dict[str, int], size: Tuple[int, int], seed: int,
+                  write: Callable[[str, int, np.ndarray, np.ndarray], str]) -> Dict[str, List[str]]:
+    """Draws the scenes of every split from one generator, in order, and writes them.
+
+    Args:
+        counts: ``{split: number of scenes}``.
+        size: (height, width).
+        seed: Random seed.
+        write: ``write(split, index, image, label)`` writes one scene and returns its stem.
+
+    Returns:
+        ``{split: [stems]}``.
+    """
+    rng = np.random.default_rng(seed)
+    return {
+        split: [write(split, i, *draw_scene(rng, *size)) for i in range(count)]
+        for split, count in counts.items()
+    }
+
+
 def make_ade20k_layout(root: str,
                        num_train: int = 64,
                        num_val: int = 16,
@@ -139,18 +159,14 @@ def make_ade20k_layout(root: str,
     Returns:
         ``{'training': [stems], 'validation': [stems]}``.
     """
-    rng = np.random.default_rng(seed)
-    written: Dict[str, List[str]] = {}
-    for split, count in (('training', num_train), ('validation', num_val)):
-        written[split] = []
-        for i in range(count):
-            stem = f'ADE_{"train" if split == "training" else "val"}_{i:08d}'
-            img, label = draw_scene(rng, *size)
-            _write(osp.join(root, 'images', split, stem + '.jpg'), img, quality=95)
-            _write(osp.join(root, 'annotations', split, stem + '.png'),
-                   (label + 1).astype(np.uint8))
-            written[split].append(stem)
-    return written
+
+    def write(split: str, i: int, img: np.ndarray, label: np.ndarray) -> str:
+        stem = f'ADE_{"train" if split == "training" else "val"}_{i:08d}'
+        _write(osp.join(root, 'images', split, stem + '.jpg'), img, quality=95)
+        _write(osp.join(root, 'annotations', split, stem + '.png'), (label + 1).astype(np.uint8))
+        return stem
+
+    return _write_splits({'training': num_train, 'validation': num_val}, size, seed, write)
 
 
 def make_cityscapes_layout(root: str,
@@ -174,17 +190,14 @@ def make_cityscapes_layout(root: str,
     Returns:
         ``{'train': [stems], 'val': [stems]}``.
     """
-    rng = np.random.default_rng(seed)
     lut = np.full(len(SCENE_CLASSES) + 1, 255, np.uint8)
     lut[:len(SCENE_CLASSES)] = CITYSCAPES_TRAIN_IDS  # index -1 (unlabelled) -> 255
-    written: Dict[str, List[str]] = {}
-    for split, count in (('train', num_train), ('val', num_val)):
-        written[split] = []
-        for i in range(count):
-            stem = f'{city}_{i:06d}_000019'
-            img, label = draw_scene(rng, *size)
-            _write(osp.join(root, 'leftImg8bit', split, city, stem + '_leftImg8bit.png'), img)
-            _write(osp.join(root, 'gtFine', split, city, stem + '_gtFine_labelTrainIds.png'),
-                   lut[label])
-            written[split].append(stem)
-    return written
+
+    def write(split: str, i: int, img: np.ndarray, label: np.ndarray) -> str:
+        stem = f'{city}_{i:06d}_000019'
+        _write(osp.join(root, 'leftImg8bit', split, city, stem + '_leftImg8bit.png'), img)
+        _write(osp.join(root, 'gtFine', split, city, stem + '_gtFine_labelTrainIds.png'),
+               lut[label])
+        return stem
+
+    return _write_splits({'train': num_train, 'val': num_val}, size, seed, write)

@@ -35,7 +35,7 @@ class RMSNorm(nn.Module):
         return f'{self.dims}, eps={self.eps}'
 
 
-class GatedRMSNorm(nn.Module):
+class GatedRMSNorm(RMSNorm):
     """RMSNorm with a SiLU gate, normalised in groups of channels (Mamba-2 output norm).
 
     With ``norm_before_gate=False`` (the Mamba-2 default) it computes
@@ -55,16 +55,13 @@ class GatedRMSNorm(nn.Module):
                  eps: float = 1e-5,
                  group_size: Optional[int] = None,
                  norm_before_gate: bool = False) -> None:
-        super().__init__()
         group_size = dims if group_size is None else group_size
         if group_size < 1 or dims % group_size != 0:
             raise ValueError(f'GatedRMSNorm: dims ({dims}) must be a multiple of group_size '
                              f'({group_size})')
-        self.dims = dims
-        self.eps = eps
+        super().__init__(dims, eps)
         self.group_size = group_size
         self.norm_before_gate = norm_before_gate
-        self.weight = nn.Parameter(torch.ones(dims))
 
     def forward(self, x: torch.Tensor, z: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Normalises ``x`` (..., dims), gated by ``z`` (same shape) when given."""
@@ -81,5 +78,5 @@ class GatedRMSNorm(nn.Module):
         return y.to(dtype)
 
     def extra_repr(self) -> str:
-        return (f'{self.dims}, eps={self.eps}, group_size={self.group_size}, '
+        return (f'{super().extra_repr()}, group_size={self.group_size}, '
                 f'norm_before_gate={self.norm_before_gate}')

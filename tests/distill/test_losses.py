@@ -154,3 +154,13 @@ def test_masked_prediction_width_mismatch_suggests_a_connector():
     with pytest.raises(ValueError, match=r'\(1, 2, 3\).*\(1, 2, 4\).*connector'):
         MaskedPredictionLoss()(torch.zeros(1, 2, 3), torch.zeros(1, 2, 4),
                                torch.tensor([[True, False]]))
+
+
+# ---------------------------------------------------------------- shared constructor checks
+@pytest.mark.parametrize('cls,arg', [(AttentionOutputMSELoss, 'block_reduction'),
+                                     (FeatureMSELoss, 'reduction'),
+                                     (AttentionMapLoss, 'block_reduction'),
+                                     (ActivationMatchingLoss, 'stage_reduction')])
+def test_unknown_record_reduction_fails_at_build_time_naming_the_argument(cls, arg):
+    with pytest.raises(ValueError, match=f"{arg} must be 'mean' or 'sum', got 'max'"):
+        cls(**{arg: 'max'})

@@ -300,3 +300,23 @@ def test_rms_norms():
     torch.testing.assert_close(after(x, z), expected)
     with pytest.raises(ValueError, match='group_size'):
         GatedRMSNorm(12, group_size=5)
+
+
+@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
+def test_inference_steps_bound_memory_without_changing_the_result(monkeypatch, dtype):
+    """Without gradients the scan runs a few chunks at a time (INFERENCE_STEP_BYTES) and
+    writes into one output; the result is the one-step (training) result and the oracle's."""
+    from mmlinvit.ops.ssd import torch_impl
+    x, dt, A, B, C, D = (t.to(dtype) for t in make_inputs(2, 77, 4, 8, 2, 16))
+    with torch.no_grad():
+        one_step = torch_impl.ssd_scan_torch(x, dt, A, B, C, D, chunk_size=8,
+                                             chunks_per_step=100)
+        monkeypatch.setattr(torch_impl, 'INFERENCE_STEP_BYTES', 2 * (2 * 4 * 8 * 8 * 4))
+        assert torch_impl._auto_chunks_per_step(2, 4, 8, 10, needs_grad=False) == 2
+        assert torch_impl._auto_chunks_per_step(2, 4, 8, 10, needs_grad=True) == 10
+        stepped = torch_impl.ssd_scan_torch(x, dt, A, B, C, D, chunk_size=8)
+    assert stepped.dtype == dtype
+    torch.testing.assert_close(stepped, one_step, rtol=0, atol=0)
+    ref = ssd_scan_naive(*(t.double() for t in (x, dt, A, B, C, D)))
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(stepped.double(), ref, rtol=tol, atol=tol)

@@ -7,6 +7,7 @@ config and ``from mmlinvit.distill.losses import AttentionOutputMSELoss`` name o
 from .activation_matching import ActivationMatchingLoss, cosine_similarity_map
 from .attention_map import AttentionMapLoss
 from .attention_output_mse import AttentionOutputMSELoss
+from .base import DistillLossBase
 from .feature_mse import FeatureMSELoss
 from .masked_prediction import MaskedPredictionLoss
 from .normalized_attention_output_mse import NormalizedAttentionOutputMSELoss, normalized_mse
@@ -16,5 +17,5 @@ from .token_utils import patch_tokens
 __all__ = [
     'ActivationMatchingLoss', 'AttentionMapLoss', 'AttentionOutputMSELoss', 'FeatureMSELoss',
     'MaskedPredictionLoss', 'NormalizedAttentionOutputMSELoss', 'normalized_mse',
-    'cosine_similarity_map', 'token_records_mse', 'patch_tokens'
+    'cosine_similarity_map', 'token_records_mse', 'patch_tokens', 'DistillLossBase'
 ]

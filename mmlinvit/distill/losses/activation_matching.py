@@ -2,11 +2,10 @@
 from typing import Optional, Sequence
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
-from .token_utils import (TensorOrSeq, as_tensor_list, check_same_length, patch_tokens,
-                          reduce_over_records)
+from .base import DistillLossBase
+from .token_utils import TensorOrSeq, patch_tokens
 
 
 def cosine_similarity_map(feats: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
@@ -26,7 +25,7 @@ def cosine_similarity_map(feats: torch.Tensor, keep: torch.Tensor) -> torch.Tens
     return F.normalize(sim, dim=-1)
 
 
-class ActivationMatchingLoss(nn.Module):
+class ActivationMatchingLoss(DistillLossBase):
     """L_act = 1 / (K L) sum_k sum_i [1 - <A_t(i, :), A_s(i, :)>] (ViT-Linearizer).
 
     For each of the K recorded stage boundaries, the patch tokens of student and teacher are
@@ -47,10 +46,8 @@ class ActivationMatchingLoss(nn.Module):
 
     def __init__(self, loss_weight: float = 1.0, visible_only: bool = True,
                  stage_reduction: str = 'mean') -> None:
-        super().__init__()
-        self.loss_weight = loss_weight
+        super().__init__(loss_weight, stage_reduction, 'stage_reduction')
         self.visible_only = visible_only
-        self.stage_reduction = stage_reduction
 
     def forward(self,
                 student_feats: TensorOrSeq,
@@ -67,27 +64,40 @@ class ActivationMatchingLoss(nn.Module):
             student_token_layout: Student ``(prefix, suffix)`` special-token counts.
             teacher_token_layout: Teacher ``(prefix, suffix)`` special-token counts.
         """
-        s_list = as_tensor_list(student_feats, 'student_feats')
-        t_list = as_tensor_list(teacher_feats, 'teacher_feats')
-        check_same_length(s_list, t_list, 'ActivationMatchingLoss')
-        values = []
-        for idx, (s, t) in enumerate(zip(s_list, t_list)):
-            s = patch_tokens(s, student_token_layout, f'student stage {idx}')
-            t = patch_tokens(t.detach(), teacher_token_layout, f'teacher stage {idx}')
-            if s.shape[:2] != t.shape[:2]:
-                raise ValueError(f'ActivationMatchingLoss stage {idx}: student patch tokens '
-                                 f'{tuple(s.shape)} and teacher patch tokens {tuple(t.shape)} '
-                                 f'differ in batch or token count')
-            keep = torch.ones(s.shape[:2], dtype=torch.bool, device=s.device)
-            if patch_mask is not None and self.visible_only:
-                if patch_mask.shape != keep.shape:
-                    raise ValueError(f'patch_mask has shape {tuple(patch_mask.shape)} but the '
-                                     f'records have {tuple(keep.shape)} (batch, patches)')
-                keep = ~patch_mask.to(device=s.device, dtype=torch.bool)
-            a_s = cosine_similarity_map(s, keep)
-            a_t = cosine_similarity_map(t, keep)
-            per_row = 1.0 - (a_s * a_t).sum(-1)
-            weight = keep.float()
-            per_image = (per_row * weight).sum(-1) / weight.sum(-1).clamp_min(1.0)
-            values.append(per_image.mean())
-        return self.loss_weight * reduce_over_records(values, self.stage_reduction)
+        pairs = self.record_pairs(student_feats, teacher_feats, ('student_feats', 'teacher_feats'))
+        return self.weighted([
+            self.stage_loss(idx, s, t, patch_mask, student_token_layout, teacher_token_layout)
+            for idx, (s, t) in enumerate(pairs)
+        ])
+
+    def stage_loss(self, idx: int, student: torch.Tensor, teacher: torch.Tensor,
+                   patch_mask: Optional[torch.Tensor], student_token_layout: Sequence[int],
+                   teacher_token_layout: Sequence[int]) -> torch.Tensor:
+        """Unweighted loss of one stage (mean over the batch of the per-image row average).
+
+        Args:
+            idx: Stage index, for error messages.
+            student: (B, N_s, C_s) student tokens.
+            teacher: (B, N_t, C_t) teacher tokens.
+            patch_mask: (B, L) bool mask or None (see :meth:`forward`).
+            student_token_layout: Student ``(prefix, suffix)`` special-token counts.
+            teacher_token_layout: Teacher ``(prefix, suffix)`` special-token counts.
+        """
+        s = patch_tokens(student, student_token_layout, f'student stage {idx}')
+        t = patch_tokens(teacher.detach(), teacher_token_layout, f'teacher stage {idx}')
+        if s.shape[:2] != t.shape[:2]:
+            raise ValueError(f'ActivationMatchingLoss stage {idx}: student patch tokens '
+                             f'{tuple(s.shape)} and teacher patch tokens {tuple(t.shape)} '
+                             f'differ in batch or token count')
+        keep = torch.ones(s.shape[:2], dtype=torch.bool, device=s.device)
+        if patch_mask is not None and self.visible_only:
+            if patch_mask.shape != keep.shape:
+                raise ValueError(f'patch_mask has shape {tuple(patch_mask.shape)} but the '
+                                 f'records have {tuple(keep.shape)} (batch, patches)')
+            keep = ~patch_mask.to(device=s.device, dtype=torch.bool)
+        a_s = cosine_similarity_map(s, keep)
+        a_t = cosine_similarity_map(t, keep)
+        per_row = 1.0 - (a_s * a_t).sum(-1)
+        weight = keep.float()
+        per_image = (per_row * weight).sum(-1) / weight.sum(-1).clamp_min(1.0)
+        return per_image.mean()

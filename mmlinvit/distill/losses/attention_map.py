@@ -2,10 +2,9 @@
 from typing import Sequence
 
 import torch
-import torch.nn as nn
 
-from .token_utils import (TensorOrSeq, as_tensor_list, check_layout, check_same_length,
-                          check_same_shape, reduce_over_records)
+from .base import DistillLossBase
+from .token_utils import TensorOrSeq, check_layout, check_same_shape
 
 MAP_MODES = ('mse', 'kl')
 
@@ -23,7 +22,7 @@ def _patch_block(maps: torch.Tensor, layout: Sequence[int], name: str) -> torch.
     return maps[..., prefix:n - suffix, prefix:n - suffix]
 
 
-class AttentionMapLoss(nn.Module):
+class AttentionMapLoss(DistillLossBase):
     """Matches (B, heads, N, N) attention maps block by block.
 
     ``mode='mse'`` (default) compares the map entries and accepts signed maps (InLine's
@@ -43,13 +42,11 @@ class AttentionMapLoss(nn.Module):
     def __init__(self, loss_weight: float = 1.0, mode: str = 'mse',
                  patch_tokens_only: bool = False, block_reduction: str = 'mean',
                  eps: float = 1e-8) -> None:
-        super().__init__()
+        super().__init__(loss_weight, block_reduction, 'block_reduction')
         if mode not in MAP_MODES:
             raise ValueError(f'Unknown mode {mode!r}; available: {MAP_MODES}')
-        self.loss_weight = loss_weight
         self.mode = mode
         self.patch_tokens_only = patch_tokens_only
-        self.block_reduction = block_reduction
         self.eps = eps
 
     def _kl(self, student: torch.Tensor, teacher: torch.Tensor, idx: int) -> torch.Tensor:
@@ -77,18 +74,29 @@ class AttentionMapLoss(nn.Module):
             student_token_layout: Student ``(prefix, suffix)`` special-token counts.
             teacher_token_layout: Teacher ``(prefix, suffix)`` special-token counts.
         """
-        s_list = as_tensor_list(student_maps, 'student_maps')
-        t_list = as_tensor_list(teacher_maps, 'teacher_maps')
-        check_same_length(s_list, t_list, 'AttentionMapLoss')
-        values = []
-        for idx, (s, t) in enumerate(zip(s_list, t_list)):
-            s, t = s.float(), t.detach().float()
-            if self.patch_tokens_only:
-                s = _patch_block(s, student_token_layout, f'student map {idx}')
-                t = _patch_block(t, teacher_token_layout, f'teacher map {idx}')
-            check_same_shape(s, t, f'AttentionMapLoss block {idx}')
-            if self.mode == 'mse':
-                values.append((s - t).pow(2).mean())
-            else:
-                values.append(self._kl(s, t, idx))
-        return self.loss_weight * reduce_over_records(values, self.block_reduction)
+        pairs = self.record_pairs(student_maps, teacher_maps, ('student_maps', 'teacher_maps'))
+        return self.weighted([
+            self.block_loss(idx, s, t, student_token_layout, teacher_token_layout)
+            for idx, (s, t) in enumerate(pairs)
+        ])
+
+    def block_loss(self, idx: int, student: torch.Tensor, teacher: torch.Tensor,
+                   student_token_layout: Sequence[int],
+                   teacher_token_layout: Sequence[int]) -> torch.Tensor:
+        """Unweighted loss of one block's (B, H, N, N) maps.
+
+        Args:
+            idx: Block index, for error messages.
+            student: Student map.
+            teacher: Teacher map.
+            student_token_layout: Student ``(prefix, suffix)`` special-token counts.
+            teacher_token_layout: Teacher ``(prefix, suffix)`` special-token counts.
+        """
+        s, t = student.float(), teacher.detach().float()
+        if self.patch_tokens_only:
+            s = _patch_block(s, student_token_layout, f'student map {idx}')
+            t = _patch_block(t, teacher_token_layout, f'teacher map {idx}')
+        check_same_shape(s, t, f'AttentionMapLoss block {idx}')
+        if self.mode == 'mse':
+            return (s - t).pow(2).mean()
+        return self._kl(s, t, idx)

@@ -2,13 +2,12 @@
 from typing import Sequence
 
 import torch
-import torch.nn as nn
 
-from .token_mse import token_records_mse
+from .token_mse import TokenMSEBase
 from .token_utils import TensorOrSeq
 
 
-class AttentionOutputMSELoss(nn.Module):
+class AttentionOutputMSELoss(TokenMSEBase):
     """MSE between the student's and the teacher's attention outputs, block by block.
 
     The records are the outputs of ``blocks[i].attn`` (post-projection, pre-layer-scale,
@@ -26,10 +25,7 @@ class AttentionOutputMSELoss(nn.Module):
 
     def __init__(self, loss_weight: float = 1.0, patch_tokens_only: bool = False,
                  block_reduction: str = 'mean') -> None:
-        super().__init__()
-        self.loss_weight = loss_weight
-        self.patch_tokens_only = patch_tokens_only
-        self.block_reduction = block_reduction
+        super().__init__(loss_weight, patch_tokens_only, block_reduction, 'block_reduction')
 
     def forward(self,
                 student_outputs: TensorOrSeq,
@@ -44,7 +40,5 @@ class AttentionOutputMSELoss(nn.Module):
             student_token_layout: Student ``(prefix, suffix)`` special-token counts.
             teacher_token_layout: Teacher ``(prefix, suffix)`` special-token counts.
         """
-        value = token_records_mse(student_outputs, teacher_outputs, self.patch_tokens_only,
-                                  student_token_layout, teacher_token_layout,
-                                  self.block_reduction, type(self).__name__)
-        return self.loss_weight * value
+        return self.records_loss(student_outputs, teacher_outputs, student_token_layout,
+                                 teacher_token_layout)

@@ -2,13 +2,12 @@
 from typing import Sequence
 
 import torch
-import torch.nn as nn
 
-from .token_mse import token_records_mse
+from .token_mse import TokenMSEBase
 from .token_utils import TensorOrSeq
 
 
-class FeatureMSELoss(nn.Module):
+class FeatureMSELoss(TokenMSEBase):
     """MSE between student and teacher features (e.g. the final normalised tokens).
 
     Args:
@@ -19,10 +18,7 @@ class FeatureMSELoss(nn.Module):
 
     def __init__(self, loss_weight: float = 1.0, patch_tokens_only: bool = False,
                  reduction: str = 'mean') -> None:
-        super().__init__()
-        self.loss_weight = loss_weight
-        self.patch_tokens_only = patch_tokens_only
-        self.reduction = reduction
+        super().__init__(loss_weight, patch_tokens_only, reduction, 'reduction')
 
     def forward(self,
                 student_feats: TensorOrSeq,
@@ -37,7 +33,5 @@ class FeatureMSELoss(nn.Module):
             student_token_layout: Student ``(prefix, suffix)`` special-token counts.
             teacher_token_layout: Teacher ``(prefix, suffix)`` special-token counts.
         """
-        value = token_records_mse(student_feats, teacher_feats, self.patch_tokens_only,
-                                  student_token_layout, teacher_token_layout, self.reduction,
-                                  type(self).__name__)
-        return self.loss_weight * value
+        return self.records_loss(student_feats, teacher_feats, student_token_layout,
+                                 teacher_token_layout)

@@ -14,13 +14,9 @@ It is invariant to a common rescaling of student and teacher outputs, so one ``l
 means the same thing for every teacher.  The denominator is computed from the teacher record
 (after the same token selection as the numerator), in float32, and never receives gradients.
 """
-from typing import Sequence
-
 import torch
-import torch.nn as nn
 
-from .token_mse import token_records_mse
-from .token_utils import TensorOrSeq
+from .attention_output_mse import AttentionOutputMSELoss
 
 
 def normalized_mse(student: torch.Tensor, teacher: torch.Tensor, eps: float) -> torch.Tensor:
@@ -35,10 +31,10 @@ def normalized_mse(student: torch.Tensor, teacher: torch.Tensor, eps: float) -> 
     return (s - t).pow(2).mean() / (t.pow(2).mean() + eps)
 
 
-class NormalizedAttentionOutputMSELoss(nn.Module):
+class NormalizedAttentionOutputMSELoss(AttentionOutputMSELoss):
     """Attention-output MSE per block divided by the teacher's mean square, then reduced.
 
-    Same records, token handling and block reduction as
+    Same records, token handling, block reduction and ``forward`` as
     :class:`~mmlinvit.distill.losses.AttentionOutputMSELoss`; only each block's MSE is divided
     by ``mean(t_i^2) + eps`` (teacher, detached).  With ``loss_weight = 1`` a student that
     outputs zeros in every block costs 1, like a cross-entropy of one nat.  The README section
@@ -55,32 +51,12 @@ class NormalizedAttentionOutputMSELoss(nn.Module):
 
     def __init__(self, loss_weight: float = 1.0, patch_tokens_only: bool = False,
                  block_reduction: str = 'mean', eps: float = 1e-8) -> None:
-        super().__init__()
-        if block_reduction not in ('mean', 'sum'):
-            raise ValueError(f"block_reduction must be 'mean' or 'sum', got {block_reduction!r}")
+        super().__init__(loss_weight, patch_tokens_only, block_reduction)
         if not eps > 0:
             raise ValueError(f'eps must be positive (it guards all-zero teacher records), got '
                              f'{eps}')
-        self.loss_weight = loss_weight
-        self.patch_tokens_only = patch_tokens_only
-        self.block_reduction = block_reduction
         self.eps = eps
 
-    def forward(self,
-                student_outputs: TensorOrSeq,
-                teacher_outputs: TensorOrSeq,
-                student_token_layout: Sequence[int] = (0, 0),
-                teacher_token_layout: Sequence[int] = (0, 0)) -> torch.Tensor:
-        """Weighted loss.
-
-        Args:
-            student_outputs: (B, N_s, C) attention output, or one per block.
-            teacher_outputs: (B, N_t, C) teacher attention output(s), same blocks.
-            student_token_layout: Student ``(prefix, suffix)`` special-token counts.
-            teacher_token_layout: Teacher ``(prefix, suffix)`` special-token counts.
-        """
-        value = token_records_mse(student_outputs, teacher_outputs, self.patch_tokens_only,
-                                  student_token_layout, teacher_token_layout,
-                                  self.block_reduction, type(self).__name__,
-                                  pair_loss=lambda s, t: normalized_mse(s, t, self.eps))
-        return self.loss_weight * value
+    def pair_loss(self, student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+        """:func:`normalized_mse` of one block's record pair."""
+        return normalized_mse(student, teacher, self.eps)

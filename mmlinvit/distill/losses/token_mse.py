@@ -4,8 +4,9 @@ from typing import Callable, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from .token_utils import (TensorOrSeq, as_tensor_list, check_same_length, check_same_shape,
-                          patch_tokens, reduce_over_records)
+from .base import DistillLossBase
+from .token_utils import (TensorOrSeq, check_same_shape, patch_tokens, record_pairs,
+                          reduce_over_records)
 
 
 def token_records_mse(student: TensorOrSeq,
@@ -33,11 +34,8 @@ def token_records_mse(student: TensorOrSeq,
     Returns:
         Scalar loss (float32).
     """
-    s_list = as_tensor_list(student, 'the student record')
-    t_list = as_tensor_list(teacher, 'the teacher record')
-    check_same_length(s_list, t_list, what)
     values = []
-    for idx, (s, t) in enumerate(zip(s_list, t_list)):
+    for idx, (s, t) in enumerate(record_pairs(student, teacher, what)):
         if patch_tokens_only:
             s = patch_tokens(s, student_token_layout, f'student record {idx}')
             t = patch_tokens(t, teacher_token_layout, f'teacher record {idx}')
@@ -51,3 +49,45 @@ def token_records_mse(student: TensorOrSeq,
         values.append(pair_loss(s, t) if pair_loss is not None
                       else F.mse_loss(s.float(), t.detach().float()))
     return reduce_over_records(values, reduction)
+
+
+class TokenMSEBase(DistillLossBase):
+    """Base of the losses that compare token records pair by pair (MSE unless overridden).
+
+    Subclasses name the reduction argument after what the records are (``block_reduction``,
+    ``reduction``) and define ``forward`` with their record names, calling
+    :meth:`records_loss`; :meth:`pair_loss` is the loss of one record pair.
+
+    Args:
+        loss_weight: Weight of the term.
+        patch_tokens_only: Compare patch tokens only (MHLA / TTT students have no class
+            token while the softmax teacher has one); the token layouts tell how many special
+            tokens each side carries.
+        reduction: ``'mean'`` or ``'sum'`` over the records.
+        reduction_arg: The subclass's name of ``reduction``, for the error message.
+    """
+
+    def __init__(self, loss_weight: float, patch_tokens_only: bool, reduction: str,
+                 reduction_arg: str) -> None:
+        super().__init__(loss_weight, reduction, reduction_arg)
+        self.patch_tokens_only = patch_tokens_only
+
+    def pair_loss(self, student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+        """MSE of one record pair in float32, the teacher detached."""
+        return F.mse_loss(student.float(), teacher.detach().float())
+
+    def records_loss(self, student: TensorOrSeq, teacher: TensorOrSeq,
+                     student_token_layout: Sequence[int],
+                     teacher_token_layout: Sequence[int]) -> torch.Tensor:
+        """Weighted reduction of :meth:`pair_loss` over the (token-selected) record pairs.
+
+        Args:
+            student: Student record(s).
+            teacher: Teacher record(s), same blocks.
+            student_token_layout: Student ``(prefix, suffix)`` special-token counts.
+            teacher_token_layout: Teacher ``(prefix, suffix)`` special-token counts.
+        """
+        value = token_records_mse(student, teacher, self.patch_tokens_only, student_token_layout,
+                                  teacher_token_layout, self.reduction, type(self).__name__,
+                                  pair_loss=self.pair_loss)
+        return self.loss_weight * value

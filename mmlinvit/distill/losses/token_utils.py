@@ -37,6 +37,27 @@ def check_same_length(student: Sequence, teacher: Sequence, what: str) -> None:
                          f'{len(teacher)}; record the same blocks / stages on both sides')
 
 
+def record_pairs(student: TensorOrSeq, teacher: TensorOrSeq, what: str,
+                 names: Tuple[str, str] = ('the student record', 'the teacher record')
+                 ) -> List[Tuple[torch.Tensor, torch.Tensor]]:
+    """Pairs student and teacher records by position (one tensor is one record).
+
+    Args:
+        student: Student record(s).
+        teacher: Teacher record(s), as many as the student's.
+        what: Loss name, for the error message.
+        names: Argument names of the student and teacher records, for the error message.
+
+    Raises:
+        TypeError: for a value that is no tensor or non-empty sequence of tensors.
+        ValueError: when the two sides provide different numbers of records.
+    """
+    s_list = as_tensor_list(student, names[0])
+    t_list = as_tensor_list(teacher, names[1])
+    check_same_length(s_list, t_list, what)
+    return list(zip(s_list, t_list))
+
+
 def check_layout(layout: Sequence[int], name: str) -> TokenLayout:
     """Validates a ``(prefix, suffix)`` token layout."""
     if len(layout) != 2 or any(int(n) < 0 for n in layout):

@@ -59,7 +59,8 @@ class AttentionOperator(nn.Module):
     """Base class: fused QKV projection, head split, output projection.
 
     Subclasses implement :meth:`mix` (the O(N) token mixing on per-head q, k, v) and, where
-    the operator has an explicit map, :meth:`attention_map`.
+    the operator has an explicit map, :meth:`map_from_qk` (the map from per-head q, k) and,
+    for a term outside the map, :meth:`local_term_reference`.
 
     Args:
         embed_dims: Token width C.
@@ -157,17 +158,50 @@ class AttentionOperator(nn.Module):
                       x: torch.Tensor,
                       hw_shape: Optional[Tuple[int, int]] = None,
                       num_prefix_tokens: int = 0) -> torch.Tensor:
-        """The explicit (B, H, N, N) map (O(N^2); analysis and tests only)."""
+        """The explicit (B, H, N, N) map (O(N^2); analysis and tests only).
+
+        Takes the arguments of :meth:`forward`; the map comes from :meth:`map_from_qk`.
+        """
+        q, k, _ = self.split_qkv(x)
+        return self.map_from_qk(q, k, hw_shape, num_prefix_tokens)
+
+    def map_from_qk(self, q: torch.Tensor, k: torch.Tensor, hw_shape: Optional[Tuple[int, int]],
+                    num_prefix_tokens: int) -> torch.Tensor:
+        """The (B, H, N, N) map of :meth:`attention_map` from per-head q, k (B, H, N, d).
+
+        Operators with an explicit map implement it; the others raise.
+        """
         raise NotImplementedError(f'{type(self).__name__} has no explicit attention map')
 
     def forward_reference(self,
                           x: torch.Tensor,
                           hw_shape: Optional[Tuple[int, int]] = None,
                           num_prefix_tokens: int = 0) -> torch.Tensor:
-        """O(N^2) reference of :meth:`forward` through the explicit map (tests only)."""
-        q, k, v = self.split_qkv(x)
-        attn = self.attention_map(x, hw_shape, num_prefix_tokens)
-        return self.project((attn @ v.float()).to(v.dtype))
+        """O(N^2) reference of :meth:`forward` through the explicit map (tests only).
+
+        ``project(attention_map @ V + local_term_reference)``.
+        """
+        _, _, v = self.split_qkv(x)
+        out = self.attention_map(x, hw_shape, num_prefix_tokens) @ v.float()
+        local = self.local_term_reference(x, v, hw_shape, num_prefix_tokens)
+        if local is not None:
+            out = out + local
+        return self.project(out.to(v.dtype))
+
+    def local_term_reference(self, x: torch.Tensor, v: torch.Tensor,
+                             hw_shape: Optional[Tuple[int, int]],
+                             num_prefix_tokens: int) -> Optional[torch.Tensor]:
+        """The term outside the map that :meth:`forward_reference` adds, or ``None``.
+
+        A local branch on V (InLine, MHLA) in its reference form, (B, H, N, d) fp32.
+
+        Args:
+            x: Normalised tokens, (B, N, C).
+            v: Per-head values (B, H, N, d).
+            hw_shape: (h, w) patch grid.
+            num_prefix_tokens: Number of prefix tokens.
+        """
+        return None
 
     def init_extra_parameters(self) -> None:
         """Documented default initialisation of parameters softmax attention does not have."""

@@ -121,24 +121,18 @@ class InLineAttention(AttentionOperator):
             out = (out.float() + local).to(v.dtype)
         return self.project(out)
 
-    def attention_map(self,
-                      x: torch.Tensor,
-                      hw_shape: Optional[Tuple[int, int]] = None,
-                      num_prefix_tokens: int = 0) -> torch.Tensor:
+    def map_from_qk(self, q: torch.Tensor, k: torch.Tensor, hw_shape: Optional[Tuple[int, int]],
+                    num_prefix_tokens: int) -> torch.Tensor:
         """The signed InLine map (B, H, N, N) of the attention term; rows sum to 1."""
-        q, k, _ = self.split_qkv(x)
         return inline_attention_map(q, k, self.scale)
 
-    def forward_reference(self,
-                          x: torch.Tensor,
-                          hw_shape: Optional[Tuple[int, int]] = None,
-                          num_prefix_tokens: int = 0) -> torch.Tensor:
-        """O(N^2) reference of the whole operator (map @ V, plus the local residual)."""
-        _, _, v = self.split_qkv(x)
-        out = self.attention_map(x, hw_shape, num_prefix_tokens) @ v.float()
-        if self.local_residual:
-            out = out + self.local_branch(x, v, hw_shape, num_prefix_tokens, reference=True)
-        return self.project(out.to(v.dtype))
+    def local_term_reference(self, x: torch.Tensor, v: torch.Tensor,
+                             hw_shape: Optional[Tuple[int, int]],
+                             num_prefix_tokens: int) -> Optional[torch.Tensor]:
+        """The local residual by explicit shift-and-add (``None`` without it)."""
+        if not self.local_residual:
+            return None
+        return self.local_branch(x, v, hw_shape, num_prefix_tokens, reference=True)
 
     def extra_repr(self) -> str:
         return (f'{super().extra_repr()}, local_residual={self.local_residual}, '

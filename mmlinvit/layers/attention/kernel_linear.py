@@ -77,11 +77,8 @@ class KernelLinearAttention(AttentionOperator):
         return linear_attention(q, k, v, feature_map=self.feature_map, eps=self.eps,
                                 backend=self.backend)
 
-    def attention_map(self,
-                      x: torch.Tensor,
-                      hw_shape: Optional[Tuple[int, int]] = None,
-                      num_prefix_tokens: int = 0) -> torch.Tensor:
-        q, k, _ = self.split_qkv(x)
+    def map_from_qk(self, q: torch.Tensor, k: torch.Tensor, hw_shape: Optional[Tuple[int, int]],
+                    num_prefix_tokens: int) -> torch.Tensor:
         return linear_attention_map_naive(q, k, self.feature_map, self.eps)
 
     def extra_repr(self) -> str:
@@ -89,9 +86,8 @@ class KernelLinearAttention(AttentionOperator):
                 f'backend={self.backend}')
 
 
-@ATTENTION_OPERATORS.register_module('elu')
-class ELULinearAttention(KernelLinearAttention):
-    """Kernel linear attention with phi(x) = ELU(x) + 1 (ViT-AdaLA's default student).
+class FixedMapLinearAttention(KernelLinearAttention):
+    """:class:`KernelLinearAttention` whose feature map is set by the subclass (``FEATURE_MAP``).
 
     Args:
         embed_dims: Token width C.
@@ -101,36 +97,37 @@ class ELULinearAttention(KernelLinearAttention):
         **kwargs: Base :class:`AttentionOperator` options.
     """
 
+    #: The positive feature map of the operator, ``'elu'`` or ``'relu'``.
+    FEATURE_MAP: str = ''
+
     def __init__(self,
                  embed_dims: int,
                  num_heads: int,
                  eps: float = 1e-6,
                  backend: Optional[str] = None,
                  **kwargs) -> None:
-        super().__init__(embed_dims, num_heads, feature_map='elu', eps=eps, backend=backend,
-                         **kwargs)
+        super().__init__(embed_dims, num_heads, feature_map=self.FEATURE_MAP, eps=eps,
+                         backend=backend, **kwargs)
+
+
+@ATTENTION_OPERATORS.register_module('elu')
+class ELULinearAttention(FixedMapLinearAttention):
+    """Kernel linear attention with phi(x) = ELU(x) + 1 (ViT-AdaLA's default student).
+
+    Arguments as :class:`FixedMapLinearAttention`.
+    """
+
+    FEATURE_MAP = 'elu'
 
 
 @ATTENTION_OPERATORS.register_module('relu')
-class ReLULinearAttention(KernelLinearAttention):
+class ReLULinearAttention(FixedMapLinearAttention):
     """Kernel linear attention with phi(x) = ReLU(x); ``eps`` keeps all-zero rows finite.
 
-    Args:
-        embed_dims: Token width C.
-        num_heads: Number of heads.
-        eps: Normaliser epsilon.
-        backend: Kernel backend (see :class:`KernelLinearAttention`).
-        **kwargs: Base :class:`AttentionOperator` options.
+    Arguments as :class:`FixedMapLinearAttention`.
     """
 
-    def __init__(self,
-                 embed_dims: int,
-                 num_heads: int,
-                 eps: float = 1e-6,
-                 backend: Optional[str] = None,
-                 **kwargs) -> None:
-        super().__init__(embed_dims, num_heads, feature_map='relu', eps=eps, backend=backend,
-                         **kwargs)
+    FEATURE_MAP = 'relu'
 
 
 @ATTENTION_OPERATORS.register_module('hedgehog')
@@ -198,11 +195,8 @@ class HedgehogLinearAttention(AttentionOperator):
         return linear_attention(phi_q, phi_k, v, feature_map='identity', eps=self.eps,
                                 backend=self.backend)
 
-    def attention_map(self,
-                      x: torch.Tensor,
-                      hw_shape: Optional[Tuple[int, int]] = None,
-                      num_prefix_tokens: int = 0) -> torch.Tensor:
-        q, k, _ = self.split_qkv(x)
+    def map_from_qk(self, q: torch.Tensor, k: torch.Tensor, hw_shape: Optional[Tuple[int, int]],
+                    num_prefix_tokens: int) -> torch.Tensor:
         phi_q, phi_k = self.feature_maps(q, k)
         return linear_attention_map_naive(phi_q, phi_k, 'identity', self.eps)
 
@@ -237,11 +231,8 @@ class IdentityLinearAttention(AttentionOperator):
             hw_shape: Optional[Tuple[int, int]], num_prefix_tokens: int) -> torch.Tensor:
         return identity_linear_attention(q, k, v, self.eps)
 
-    def attention_map(self,
-                      x: torch.Tensor,
-                      hw_shape: Optional[Tuple[int, int]] = None,
-                      num_prefix_tokens: int = 0) -> torch.Tensor:
-        q, k, _ = self.split_qkv(x)
+    def map_from_qk(self, q: torch.Tensor, k: torch.Tensor, hw_shape: Optional[Tuple[int, int]],
+                    num_prefix_tokens: int) -> torch.Tensor:
         return identity_linear_attention_map(q, k, self.eps)
 
     def extra_repr(self) -> str:

@@ -173,25 +173,19 @@ class MultiHeadLinearAttention(AttentionOperator):
         block_of = self.token_block_index(num_tokens, hw_shape, num_prefix_tokens, device)
         return mhla_token_mixing_weights(block_of, self._mixing())
 
-    def attention_map(self,
-                      x: torch.Tensor,
-                      hw_shape: Optional[Tuple[int, int]] = None,
-                      num_prefix_tokens: int = 0) -> torch.Tensor:
+    def map_from_qk(self, q: torch.Tensor, k: torch.Tensor, hw_shape: Optional[Tuple[int, int]],
+                    num_prefix_tokens: int) -> torch.Tensor:
         """The implied (B, H, N, N) map of the attention term (without the local branch)."""
-        q, k, _ = self.split_qkv(x)
-        block_of = self.token_block_index(k.shape[-2], hw_shape, num_prefix_tokens, x.device)
+        block_of = self.token_block_index(k.shape[-2], hw_shape, num_prefix_tokens, k.device)
         return mhla_attention_map(self._phi(q), self._phi(k), block_of, self._mixing(), self.eps)
 
-    def forward_reference(self,
-                          x: torch.Tensor,
-                          hw_shape: Optional[Tuple[int, int]] = None,
-                          num_prefix_tokens: int = 0) -> torch.Tensor:
-        """O(N^2) reference of the whole operator (map @ V plus the local branch)."""
-        _, _, v = self.split_qkv(x)
-        out = self.attention_map(x, hw_shape, num_prefix_tokens) @ v.float()
-        if self.local_conv is not None:
-            out = out + self.local_branch(v, tuple(hw_shape), num_prefix_tokens, reference=True)
-        return self.project(out.to(v.dtype))
+    def local_term_reference(self, x: torch.Tensor, v: torch.Tensor,
+                             hw_shape: Optional[Tuple[int, int]],
+                             num_prefix_tokens: int) -> Optional[torch.Tensor]:
+        """The 5 x 5 local branch by explicit shift-and-add (``None`` without it)."""
+        if self.local_conv is None:
+            return None
+        return self.local_branch(v, tuple(hw_shape), num_prefix_tokens, reference=True)
 
     def extra_repr(self) -> str:
         return (f'{super().extra_repr()}, block_grid={self.block_grid}, '

@@ -18,9 +18,6 @@ class SoftmaxAttention(AttentionOperator):
             hw_shape: Optional[Tuple[int, int]], num_prefix_tokens: int) -> torch.Tensor:
         return F.scaled_dot_product_attention(q, k, v)
 
-    def attention_map(self,
-                      x: torch.Tensor,
-                      hw_shape: Optional[Tuple[int, int]] = None,
-                      num_prefix_tokens: int = 0) -> torch.Tensor:
-        q, k, _ = self.split_qkv(x)
+    def map_from_qk(self, q: torch.Tensor, k: torch.Tensor, hw_shape: Optional[Tuple[int, int]],
+                    num_prefix_tokens: int) -> torch.Tensor:
         return ((q.float() * self.scale) @ k.float().transpose(-2, -1)).softmax(-1)

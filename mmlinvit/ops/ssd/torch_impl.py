@@ -22,7 +22,6 @@ import math
 from typing import Optional, Tuple
 
 import torch
-import torch.nn.functional as F
 
 from .checks import check_chunk_size, check_ssd_inputs
 
@@ -32,6 +31,11 @@ from .checks import check_chunk_size, check_ssd_inputs
 #: denormal or zero).  Entries above the diagonal are zeroed in the log domain first, so
 #: nothing overflows, and are masked out of the result.
 LOG_DECAY_FLOOR = -80.0
+
+#: Without gradients, the chunks of one step are chosen so that one (batch, step, H, Q, Q)
+#: fp32 buffer stays within this many bytes (the within-chunk buffers are the largest
+#: temporaries: at Q = 256 and 24 heads one chunk is 6 MiB).
+INFERENCE_STEP_BYTES = 8 << 20
 
 
 def _cumsum_differences(log_decay: torch.Tensor, inplace: bool) -> torch.Tensor:
@@ -136,16 +140,38 @@ def _scan_chunk_block(xdt: torch.Tensor, log_decay: torch.Tensor, b: torch.Tenso
     return y, state
 
 
+def _auto_chunks_per_step(batch: int, heads: int, chunk_size: int, num_chunks: int,
+                          needs_grad: bool) -> int:
+    """Chunks per step when the caller did not choose: all of them when gradients are needed
+    (autograd keeps every step's buffers anyway), else as many as keep one
+    (batch, step, H, Q, Q) fp32 buffer within :data:`INFERENCE_STEP_BYTES`."""
+    if needs_grad:
+        return num_chunks
+    per_chunk = batch * heads * chunk_size * chunk_size * 4
+    return max(1, min(num_chunks, INFERENCE_STEP_BYTES // max(per_chunk, 1)))
+
+
+def _pad_tokens(t: torch.Tensor, pad: int) -> torch.Tensor:
+    """Zero-pads dim 1 (tokens) of ``t`` at the end by ``pad``."""
+    if pad == 0:
+        return t
+    return torch.cat([t, t.new_zeros((t.shape[0], pad) + tuple(t.shape[2:]))], dim=1)
+
+
 def ssd_scan_torch(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
                    C: torch.Tensor, D: Optional[torch.Tensor] = None, chunk_size: int = 256,
                    chunks_per_step: Optional[int] = None) -> torch.Tensor:
     """Mamba-2 scan by chunks (see the module docstring), accumulated in fp32 (fp64 for fp64).
 
+    The inputs are read one step of chunks at a time (converted and padded per step), so
+    besides the output only one step's buffers exist at once.
+
     Args:
         x, dt, A, B, C, D: As :func:`.naive.ssd_scan_naive` (the contract of every backend).
         chunk_size: Tokens per chunk Q (any L works; the last chunk is padded).
-        chunks_per_step: Chunks processed together; ``None`` vectorises all of them, a small
-            number bounds the (chunks, Q, Q) temporaries (inference at high resolution).
+        chunks_per_step: Chunks processed together; ``None`` = all of them when gradients
+            are needed, else as many as fit :data:`INFERENCE_STEP_BYTES` (the outputs do not
+            depend on it, only memory and speed do).
 
     Returns:
         y (batch, L, H, P) in the dtype of ``x``.
@@ -162,36 +188,34 @@ def ssd_scan_torch(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.
         return x.new_zeros(x.shape)
     per_group = heads // groups
     num_chunks = math.ceil(length / chunk_size)
-    pad = num_chunks * chunk_size - length
-
     acc = torch.promote_types(x.dtype, torch.float32)  # fp32, or fp64 for fp64 inputs
-    x32 = x.to(acc).reshape(batch, length, groups, per_group, headdim)
-    dt32 = dt.to(acc).reshape(batch, length, groups, per_group)
-    b32, c32 = B.to(acc), C.to(acc)
-    if pad:
-        x32 = F.pad(x32, (0, 0, 0, 0, 0, 0, 0, pad))
-        dt32 = F.pad(dt32, (0, 0, 0, 0, 0, pad))
-        b32 = F.pad(b32, (0, 0, 0, 0, 0, pad))
-        c32 = F.pad(c32, (0, 0, 0, 0, 0, pad))
-    chunked = (batch, num_chunks, chunk_size)
-    xdt = (x32 * dt32.unsqueeze(-1)).reshape(*chunked, groups, per_group, headdim)
-    log_decay = dt32 * A.to(acc).reshape(groups, per_group)
-    log_decay = log_decay.reshape(*chunked, groups, per_group).permute(0, 1, 3, 4, 2)  # G, R, Q
-    b32 = b32.reshape(*chunked, groups, d_state)
-    c32 = c32.reshape(*chunked, groups, d_state)
+    a32 = A.to(acc).reshape(groups, per_group)
+    d32 = None if D is None else D.to(acc)[None, None, :, None]
+    needs_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (x, dt, A, B, C, D))
+    step = chunks_per_step or _auto_chunks_per_step(batch, heads, chunk_size, num_chunks,
+                                                    needs_grad)
 
-    step = num_chunks if chunks_per_step is None else chunks_per_step
-    inplace = not (torch.is_grad_enabled() and any(
-        t.requires_grad for t in (x, dt, A, B, C)))
-    state = x32.new_zeros(batch, groups, per_group, headdim, d_state)
+    state = x.new_zeros(batch, groups, per_group, headdim, d_state, dtype=acc)
+    out = None if needs_grad else x.new_empty(x.shape)
     outs = []
-    for start in range(0, num_chunks, step):
-        sl = slice(start, start + step)
-        y_block, state = _scan_chunk_block(xdt[:, sl], log_decay[:, sl], b32[:, sl], c32[:, sl],
-                                           state, inplace)
-        outs.append(y_block)
-    y = torch.cat(outs, dim=1).reshape(batch, num_chunks * chunk_size, heads, headdim)[:, :length]
-    if D is not None:
-        y = y + D.to(acc)[None, None, :, None] * x.to(acc)
-    return y.to(x.dtype)
-
+    for first in range(0, num_chunks, step):
+        k = min(step, num_chunks - first)
+        t0, t1 = first * chunk_size, min((first + k) * chunk_size, length)
+        pad = (first + k) * chunk_size - t1
+        shape = (batch, k, chunk_size, groups)
+        x_blk = x[:, t0:t1].to(acc)
+        dt_blk = _pad_tokens(dt[:, t0:t1].to(acc), pad).reshape(*shape, per_group)
+        xdt = _pad_tokens(x_blk, pad).reshape(*shape, per_group, headdim) * dt_blk.unsqueeze(-1)
+        log_decay = (dt_blk * a32).permute(0, 1, 3, 4, 2)  # (batch, k, G, R, Q)
+        b_blk = _pad_tokens(B[:, t0:t1].to(acc), pad).reshape(*shape, d_state)
+        c_blk = _pad_tokens(C[:, t0:t1].to(acc), pad).reshape(*shape, d_state)
+        y_blk, state = _scan_chunk_block(xdt, log_decay, b_blk, c_blk, state, not needs_grad)
+        y_blk = y_blk.reshape(batch, k * chunk_size, heads, headdim)[:, :t1 - t0]
+        if d32 is not None:
+            y_blk = y_blk + d32 * x_blk
+        if out is None:
+            outs.append(y_blk)
+        else:
+            out[:, t0:t1] = y_blk
+    return out if out is not None else torch.cat(outs, dim=1).to(x.dtype)
