@@ -27,7 +27,6 @@ directory.  ``--quick`` shortens every stage (for the test suite).
 """
 import argparse
 import contextlib
-import importlib.util
 import io
 import json
 import os
@@ -46,6 +45,7 @@ from mmlinvit.analysis import (compare_teacher_student, load_photo, save_loss_cu
                                save_teacher_student_figure)
 from mmlinvit.datasets import SCENE_CLASSES, SCENE_PALETTE, make_ade20k_layout
 from mmlinvit.engine.launch import build_runner, prepare_train_config
+from mmlinvit.utils.cli import load_script
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 TEACHER_CFG = osp.join(REPO, 'configs/demo/upernet_vit-tiny-softmax_1xb8-300it_toy-64x64.py')
@@ -115,11 +115,8 @@ def export_backbone(runner_checkpoint: str, out_file: str) -> str:
     ``pretrained=`` refuses to unpickle; :mod:`mmlinvit.converters` selects the
     ``backbone.*`` keys.
     """
-    spec = importlib.util.spec_from_file_location(
-        'mmlinvit_convert_checkpoint',
-        osp.join(REPO, 'tools/model_converters/convert_checkpoint.py'))
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = load_script(osp.join(REPO, 'tools/model_converters/convert_checkpoint.py'),
+                       'mmlinvit_convert_checkpoint')
     with contextlib.redirect_stdout(io.StringIO()) as report:
         code = tool.main([runner_checkpoint, out_file, '--trust-checkpoint'])
     if code != 0:

@@ -33,14 +33,15 @@ from mmlinvit.layers.pos_embed import infer_square_grid
 from mmlinvit.converters import (check_state_dict_fits, convert_state_dict, layout_names,
                                  load_checkpoint_file)
 from mmlinvit.transfer import TRANSFER_STRATEGIES, transfer_weights
+from mmlinvit.utils.cli import add_trust_checkpoint_argument, checkpoint_io_parser
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     """Command-line arguments."""
-    parser = argparse.ArgumentParser(
-        description='Initialise a linearized student ViT from a softmax teacher checkpoint.')
-    parser.add_argument('teacher_ckpt', help='softmax teacher checkpoint (any supported layout)')
-    parser.add_argument('out_ckpt', help='output student checkpoint path')
+    parser = checkpoint_io_parser(
+        'Initialise a linearized student ViT from a softmax teacher checkpoint.',
+        ('teacher_ckpt', 'softmax teacher checkpoint (any supported layout)'),
+        ('out_ckpt', 'output student checkpoint path'))
     parser.add_argument('--arch', default='b',
                         help='size name (t/s/b/l/h/g) or a JSON dict with embed_dims, '
                              'num_layers, num_heads, mlp_hidden_dims')
@@ -71,9 +72,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument('--seed', type=int, default=0, help='seed of the student initialisation')
     parser.add_argument('--report', default=None,
                         help='JSON report path (default: OUT_CKPT with a .json extension)')
-    parser.add_argument('--trust-checkpoint', action='store_true',
-                        help='allow a full unpickle of a teacher file that holds Python objects '
-                             '(runs code from the file: only for trusted files)')
+    add_trust_checkpoint_argument(parser, 'a teacher file that holds Python objects')
     return parser.parse_args(argv)
 
 

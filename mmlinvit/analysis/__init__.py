@@ -1,7 +1,15 @@
 """Analysis utilities (torch only): FLOP counting, attention / activation maps, teacher-vs-student
-comparisons on real photos, training curves."""
+comparisons on real photos and attention-output gaps, training curves, the compared model pairs.
+
+The back ends of single tools are imported on their own: :mod:`.kernel_checks` (Triton kernels
+vs PyTorch paths, ``gpu_suite``), :mod:`.layer_sensitivity` (which layers to linearize) and
+:mod:`.distill_weight_sweep` (tables of the distillation-weight sweep).
+"""
+from .attention_gaps import (attention_gap, attention_output_stats, feature_gap,
+                             relative_mse)
 from .attention_maps import (activation_similarity_maps, capture_attention_inputs,
                              query_attention_maps, upsample_map)
+from .compared_models import COMPARED_MODELS, ComparedModel
 from .curves import find_scalars, loss_keys, read_scalars, save_loss_curves
 from .feature_pca import patch_features, pca_rgb, principal_components
 from .figures import COMPARISON_COLUMNS, save_teacher_student_figure
@@ -20,5 +28,6 @@ __all__ = [
     'upsample_map', 'patch_features', 'pca_rgb', 'principal_components', 'REAL_PHOTOS',
     'load_photo', 'center_crop_resize', 'TeacherStudentComparison', 'compare_teacher_student',
     'feature_cosine_gap', 'COMPARISON_COLUMNS', 'save_teacher_student_figure', 'read_scalars',
-    'find_scalars', 'loss_keys', 'save_loss_curves'
+    'find_scalars', 'loss_keys', 'save_loss_curves', 'COMPARED_MODELS', 'ComparedModel',
+    'relative_mse', 'feature_gap', 'attention_gap', 'attention_output_stats'
 ]

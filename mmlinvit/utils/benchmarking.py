@@ -7,14 +7,20 @@
   on a GPU (after the call's kernels finish) and ``time.perf_counter`` on a CPU;
 * :func:`rel_err`: relative Frobenius error of a result against a reference;
 * :func:`proc_status_mib`: a memory line of ``/proc/self/status`` (CPU peak-memory probes);
+* :class:`CpuPeakMemory` / :func:`cuda_peak_memory`: peak memory of one call above the memory
+  before it (CPU: peak RSS, Linux; CUDA: ``max_memory_allocated``);
+* :func:`print_table`: result rows as right-aligned text columns;
 * :func:`write_json`: the ``--json`` output of a tool's result rows.
 """
 import argparse
+import ctypes
+import ctypes.util
 import json
 import math
+import os
 import statistics
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -127,6 +133,81 @@ def proc_status_mib(key: str) -> float:
             if line.startswith(key + ':'):
                 return int(line.split()[1]) / 1024.0
     raise RuntimeError(f'{key} not found in /proc/self/status (this needs Linux)')
+
+
+class CpuPeakMemory:
+    """Peak RSS of one call above the RSS just before it (Linux).
+
+    Before the call freed heap memory is handed back (``malloc_trim``) and the kernel's
+    peak-RSS mark is reset (``/proc/self/clear_refs`` = 5); the result is the peak RSS
+    (``VmHWM``) after the call minus the RSS (``VmRSS``) before it: memory already resident
+    (weights, inputs) is excluded, the call's output included.  Where ``clear_refs`` is not
+    writable the peak mark cannot be reset, and :attr:`method` says so.
+
+    Args:
+        fresh_process: Whether every measured case runs in a fresh interpreter (only named in
+            :attr:`method`).
+    """
+
+    def __init__(self, fresh_process: bool = True) -> None:
+        self.fresh_process = fresh_process
+        libc_name = ctypes.util.find_library('c')
+        self._libc = ctypes.CDLL(libc_name) if libc_name else None
+        self.can_reset = os.access('/proc/self/clear_refs', os.W_OK)
+
+    @property
+    def method(self) -> str:
+        """How the memory was measured, for the tools' reports."""
+        where = 'fresh subprocess per case' if self.fresh_process else \
+            'all cases in one process (--cpu-memory inprocess)'
+        if self.can_reset:
+            return (f'{where}; peak RSS (VmHWM, reset via /proc/self/clear_refs) '
+                    'during the call minus RSS before it, after malloc_trim')
+        return (f'{where}; ru_maxrss after the call minus RSS before it '
+                '(/proc/self/clear_refs not writable: the op scope is exact, the backbone scope '
+                'a lower bound if the op peak was higher)')
+
+    def measure(self, fn: Callable[[], object]) -> Tuple[float, object]:
+        """(peak MiB above the pre-call RSS, the call's result) of one call of ``fn``."""
+        if self._libc is not None:
+            self._libc.malloc_trim(0)
+        if self.can_reset:
+            with open('/proc/self/clear_refs', 'w') as f:
+                f.write('5')
+        before = proc_status_mib('VmRSS')
+        out = fn()
+        peak = proc_status_mib('VmHWM')
+        return max(peak - before, 0.0), out
+
+
+def cuda_peak_memory(fn: Callable[[], object], device: torch.device) -> Tuple[float, object]:
+    """(``max_memory_allocated`` during one call of ``fn`` minus the allocation before it, in
+    MiB; the call's result) on a CUDA ``device``."""
+    torch.cuda.synchronize(device)
+    base = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    out = fn()
+    torch.cuda.synchronize(device)
+    return (torch.cuda.max_memory_allocated(device) - base) / 2**20, out
+
+
+def print_table(columns: Sequence[str], rows: Sequence[Dict[str, str]], indent: str = '',
+                rule: bool = True, missing: str = '-') -> None:
+    """Prints ``rows`` (column -> text) under ``columns``, each column right-aligned.
+
+    Args:
+        columns: Column names, in order (the header line).
+        rows: One dict of cell texts per row; absent cells print as ``missing``.
+        indent: Text before every line.
+        rule: Whether a dashed line separates the header from the rows.
+        missing: The text of absent cells.
+    """
+    widths = {c: max([len(c)] + [len(r.get(c, missing)) for r in rows]) for c in columns}
+    print(indent + '  '.join(c.rjust(widths[c]) for c in columns))
+    if rule:
+        print(indent + '  '.join('-' * widths[c] for c in columns))
+    for r in rows:
+        print(indent + '  '.join(r.get(c, missing).rjust(widths[c]) for c in columns))
 
 
 def write_json(rows: Any, path: Optional[str]) -> None:

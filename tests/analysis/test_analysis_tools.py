@@ -78,6 +78,22 @@ def test_adventurer_activation_map_is_one_at_query():
     assert maps[0].abs().max() <= 1.0 + 1e-5
 
 
+@pytest.mark.skipif(not ADVENTURER_EXISTS, reason='Adventurer backbone not present')
+def test_compared_pairs_share_width_and_patch_size():
+    """Each compared pair is a ViT and the Adventurer of its width, on the ViT's patch grid
+    (built on the meta device: no weights are allocated)."""
+    from mmlinvit.analysis import COMPARED_MODELS
+    widths = {'vit-b16': (768, 16), 'vit-l14': (1024, 14)}  # ViT-B/16, ViT-L/14
+    assert set(COMPARED_MODELS) == set(widths)
+    for key, pair in COMPARED_MODELS.items():
+        with torch.device('meta'):
+            vit = pair.build_vit('elu')
+            adventurer = pair.build_adventurer(pair.patch_size)
+        assert (vit.embed_dims, pair.patch_size) == widths[key]
+        assert pair.vit_dims['embed_dims'] == vit.embed_dims == adventurer.embed_dims
+        assert vit.patch_size == adventurer.patch_size == pair.patch_size
+
+
 def test_visualize_attention_writes_png(tmp_path):
     tool = _load_tool('visualize_attention')
     out = tmp_path / 'maps.png'

@@ -2,7 +2,8 @@
 
 The dry run's correctness checks are real (interpreted Triton kernels vs the fp32 PyTorch
 paths, forward and backward); its timings are not.  This proves the GPU script runs end to
-end - kernels, timing loops, backbones, JSON and PNG - before a GPU is available.
+end - kernels, timing loops, backbones, JSON and PNG - before a GPU is available.  The checks
+themselves (mmlinvit.analysis.kernel_checks) are shown to fail a wrong kernel.
 """
 import importlib.util
 import json
@@ -11,15 +12,45 @@ import subprocess
 import sys
 from pathlib import Path
 
+from types import SimpleNamespace
+
 import pytest
+import torch
+
+from mmlinvit.analysis.kernel_checks import check_linear_attention, check_ssd
 
 ROOT = Path(__file__).resolve().parents[2]
 PNG_SIGNATURE = b'\x89PNG\r\n\x1a\n'
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec('triton') is None,
-                                reason='the dry run interprets the Triton kernels: needs triton')
+CPU = torch.device('cpu')
+needs_triton = pytest.mark.skipif(importlib.util.find_spec('triton') is None,
+                                  reason='the dry run interprets the Triton kernels: needs triton')
 
 
+def test_checks_pass_the_reference_and_fail_a_wrong_kernel():
+    """The checks' verdicts, with the PyTorch paths standing in for the kernels (no triton)."""
+    from mmlinvit.ops.linear_attention import inline_attention_torch, linear_attention_torch
+    from mmlinvit.ops.ssd import ssd_scan_torch
+    exact = SimpleNamespace(linear_attention_triton=linear_attention_torch,
+                            inline_attention_triton=inline_attention_torch)
+    for mode in ('elu', 'inline'):
+        row = check_linear_attention(exact, mode, 17, 23, 2, 8, 6, torch.float32, mode, CPU)
+        assert row['ok'] == 'PASS' and max(row[k] for k in ('out', 'dq', 'dk', 'dv')) < 1e-6
+    # 1 % too large an output (and its gradients): 1e-2 > the fp32 bound 1e-4
+    wrong = SimpleNamespace(
+        linear_attention_triton=lambda q, k, v, mode: 1.01 * linear_attention_torch(q, k, v, mode))
+    row = check_linear_attention(wrong, 'wrong', 17, 23, 2, 8, 6, torch.float32, 'elu', CPU)
+    assert row['ok'] == 'FAIL' and row['out'] == pytest.approx(0.01, rel=1e-3)
+    ssd = SimpleNamespace(ssd_scan_triton=ssd_scan_torch)
+    row = check_ssd(ssd, 'exact', 1, 20, 2, 4, 1, 8, 8, torch.float32, CPU)
+    assert row['ok'] == 'PASS' and max(row[k] for k in ('y', 'dx', 'dA', 'dD')) < 1e-5
+    shifted = SimpleNamespace(ssd_scan_triton=lambda x, dt, A, B, C, D, chunk_size: ssd_scan_torch(
+        x, dt, A, B, C, D + 0.05, chunk_size=chunk_size))
+    row = check_ssd(shifted, 'wrong D', 1, 20, 2, 4, 1, 8, 8, torch.float32, CPU)
+    assert row['ok'] == 'FAIL' and row['y'] > 1e-3
+
+
+@needs_triton
 def test_gpu_suite_dry_run_writes_json_and_png(tmp_path):
     env = dict(os.environ, TRITON_INTERPRET='1', OMP_NUM_THREADS='2')
     env['PYTHONPATH'] = os.pathsep.join(filter(None, [str(ROOT), env.get('PYTHONPATH')]))
@@ -47,6 +78,7 @@ def test_gpu_suite_dry_run_writes_json_and_png(tmp_path):
     assert 'correctness PASSED' in proc.stdout
 
 
+@needs_triton
 def test_gpu_suite_without_cuda_names_the_dry_run():
     pytest.importorskip('torch')
     import torch

@@ -11,8 +11,8 @@ import time
 import pytest
 import torch
 
-from mmlinvit.utils.benchmarking import (parse_size, rel_err, size_label, time_round_robin,
-                                         timed_calls)
+from mmlinvit.utils.benchmarking import (CpuPeakMemory, parse_size, print_table, rel_err,
+                                         size_label, time_round_robin, timed_calls)
 
 CPU = torch.device('cpu')
 
@@ -75,3 +75,32 @@ def test_timing_measures_milliseconds_and_keeps_the_budget(monkeypatch):
         pytest.approx(20.0)
     assert time_round_robin({'s': clock.step}, CPU, repeats=3, warmups=0, stat='min')['s'] == \
         pytest.approx(10.0)
+
+
+def test_cpu_peak_memory_sees_a_temporary_allocation():
+    """A 64 MiB tensor allocated (and freed) inside the call counts; memory resident before the
+    call does not (Linux /proc)."""
+    import os
+    if not os.path.exists('/proc/self/status'):
+        pytest.skip('needs Linux /proc')
+    resident = torch.ones(16 * 2**20)  # 64 MiB, allocated before the call
+    probe = CpuPeakMemory(fresh_process=False)
+
+    def call():
+        return float(torch.ones(16 * 2**20).sum())  # 64 MiB temporary
+
+    mib, out = probe.measure(call)
+    assert out == 16 * 2**20
+    assert mib >= 60  # the temporary
+    if probe.can_reset:  # the peak mark was reset: the resident tensor is not counted
+        assert mib < 64 + 40
+    assert probe.method.startswith('all cases in one process')
+    del resident
+
+
+def test_print_table_right_aligns_columns(capsys):
+    print_table(['name', 'ms'], [{'name': 'softmax', 'ms': '12.5'}, {'name': 'elu'}], indent='> ')
+    assert capsys.readouterr().out.splitlines() == [
+        '>    name    ms', '> -------  ----', '> softmax  12.5', '>     elu     -']
+    print_table(['a'], [{'a': 'xyz'}], rule=False, missing='?')
+    assert capsys.readouterr().out.splitlines() == ['  a', 'xyz']

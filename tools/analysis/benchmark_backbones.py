@@ -41,8 +41,6 @@ Examples::
     PYTHONPATH=. python tools/analysis/benchmark_backbones.py --device cuda --large
 """
 import argparse
-import ctypes
-import ctypes.util
 import json
 import math
 import os
@@ -57,10 +55,10 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from mmlinvit.analysis import (ANALYTIC_OPERATORS, FLOP_CONVENTION, FlopCounter,  # noqa: E402
-                               analytic_vit_flops)
-from mmlinvit.backbones import VIT_SIZES, VisionTransformer  # noqa: E402
-from mmlinvit.utils.benchmarking import (parse_size, proc_status_mib, size_label,  # noqa: E402
+from mmlinvit.analysis import (ANALYTIC_OPERATORS, COMPARED_MODELS,  # noqa: E402
+                               FLOP_CONVENTION, ComparedModel, FlopCounter, analytic_vit_flops)
+from mmlinvit.utils.benchmarking import (CpuPeakMemory, cuda_peak_memory,  # noqa: E402
+                                         parse_size, print_table, size_label, synchronize,
                                          timed_calls)
 
 ADVENTURER_FILE = os.path.join(ROOT, 'mmlinvit', 'backbones', 'adventurer.py')
@@ -68,14 +66,9 @@ ADVENTURER = 'adventurer'
 BASELINE = 'softmax'
 SCOPES = ('op', 'backbone')
 
-#: name -> (label, ViT arch, family, Adventurer arch)
-MODELS = {
-    'vit-b16': ('ViT-B/16', 'b', 'deit', 'b'),
-    'vit-l14': ('ViT-L/14', 'l', 'dinov2', 'l'),
-    'tiny': ('tiny/16', dict(embed_dims=64, num_layers=2, num_heads=4, mlp_hidden_dims=256),
-             'deit', dict(embed_dims=64, num_layers=2)),
-}
-TINY_ADVENTURER_MIXER = dict(d_state=16, headdim=32)
+MODELS = dict(COMPARED_MODELS, tiny=ComparedModel(
+    'tiny/16', dict(embed_dims=64, num_layers=2, num_heads=4, mlp_hidden_dims=256), 'deit',
+    dict(embed_dims=64, num_layers=2), adventurer_mixer=dict(d_state=16, headdim=32)))
 DTYPES = {'float32': torch.float32, 'float16': torch.float16, 'bfloat16': torch.bfloat16}
 DEFAULT_SIZES = ['224', '512', '512x1024', '1024x1024', '2048x2048']
 
@@ -141,65 +134,15 @@ def case_operators(args: argparse.Namespace) -> List[str]:
     return ops
 
 
-# ---------------------------------------------------------------------------------- memory
-class CpuPeakMemory:
-    """Peak RSS above the pre-call RSS of one call (Linux; see the module docstring)."""
-
-    def __init__(self, fresh_process: bool = True) -> None:
-        self.fresh_process = fresh_process
-        libc_name = ctypes.util.find_library('c')
-        self._libc = ctypes.CDLL(libc_name) if libc_name else None
-        self.can_reset = os.access('/proc/self/clear_refs', os.W_OK)
-
-    @property
-    def method(self) -> str:
-        where = 'fresh subprocess per case' if self.fresh_process else \
-            'all cases in one process (--cpu-memory inprocess)'
-        if self.can_reset:
-            return (f'{where}; peak RSS (VmHWM, reset via /proc/self/clear_refs) '
-                    'during the call minus RSS before it, after malloc_trim')
-        return (f'{where}; ru_maxrss after the call minus RSS before it '
-                '(/proc/self/clear_refs not writable: the op scope is exact, the backbone scope '
-                'a lower bound if the op peak was higher)')
-
-    def measure(self, fn: Callable[[], object]) -> Tuple[float, object]:
-        if self._libc is not None:
-            self._libc.malloc_trim(0)
-        if self.can_reset:
-            with open('/proc/self/clear_refs', 'w') as f:
-                f.write('5')
-        before = proc_status_mib('VmRSS')
-        out = fn()
-        peak = proc_status_mib('VmHWM')
-        return max(peak - before, 0.0), out
-
-
-def cuda_peak_memory(fn: Callable[[], object], device: torch.device) -> Tuple[float, object]:
-    torch.cuda.synchronize(device)
-    base = torch.cuda.memory_allocated(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    out = fn()
-    torch.cuda.synchronize(device)
-    return (torch.cuda.max_memory_allocated(device) - base) / 2**20, out
-
-
 # ---------------------------------------------------------------------------------- building
-def build_backbone(model_key: str, operator: str, patch_size: Optional[int],
-                   device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
-    _, arch, family, adv_arch = MODELS[model_key]
-    if operator == ADVENTURER:
-        from mmlinvit.backbones.adventurer import Adventurer
-        mixer_cfg = TINY_ADVENTURER_MIXER if model_key == 'tiny' else None
-        model = Adventurer(adv_arch, patch_size=patch_size, mixer_cfg=mixer_cfg)
-    else:
-        model = VisionTransformer(arch, family=family, attn_cfg=operator)
+def build_backbone(model_key: str, operator: str, device: torch.device,
+                   dtype: torch.dtype) -> torch.nn.Module:
+    """The ViT with ``operator`` (or the Adventurer, with the ViT's patch size), random weights.
+    """
+    pair = MODELS[model_key]
+    model = (pair.build_adventurer(pair.patch_size) if operator == ADVENTURER else
+             pair.build_vit(operator))
     return model.to(device=device, dtype=dtype).eval()
-
-
-def vit_patch_size(model_key: str) -> int:
-    _, _, family, _ = MODELS[model_key]
-    from mmlinvit.backbones import VIT_FAMILIES
-    return VIT_FAMILIES[family]['patch_size']
 
 
 def op_callable(model: torch.nn.Module, operator: str, hw: Tuple[int, int],
@@ -231,8 +174,7 @@ def measure_compiled(model: torch.nn.Module, hw_pixels: Tuple[int, int], device:
     with torch.no_grad():
         t0 = time.perf_counter()
         fn()  # compiles
-        if device.type == 'cuda':
-            torch.cuda.synchronize(device)
+        synchronize(device)
         compile_s = time.perf_counter() - t0
         times = timed_calls(fn, device, repeats, max_seconds)
     return dict(ms=statistics.median(times), calls=len(times), compile_s=compile_s)
@@ -242,12 +184,12 @@ def measure_case(model_key: str, operator: str, hw_pixels: Tuple[int, int], scop
                  device: torch.device, dtype: torch.dtype, repeats: int, max_seconds: float,
                  fresh_process: bool = True, compile_model: bool = False) -> Dict[str, object]:
     """Time, peak memory and counted FLOPs of each scope of one (model, size, operator)."""
-    patch = vit_patch_size(model_key)
+    patch = MODELS[model_key].patch_size
     grid = (hw_pixels[0] // patch, hw_pixels[1] // patch)
-    model = build_backbone(model_key, operator, patch, device, dtype)
+    model = build_backbone(model_key, operator, device, dtype)
     cpu_memory = CpuPeakMemory(fresh_process) if device.type == 'cpu' else None
     result: Dict[str, object] = dict(
-        model=MODELS[model_key][0], operator=operator, size=size_label(hw_pixels),
+        model=MODELS[model_key].label, operator=operator, size=size_label(hw_pixels),
         tokens=grid[0] * grid[1] + (1 if operator == ADVENTURER else model.num_prefix_tokens))
     with torch.inference_mode():
         # warm-up on a 2 x 2 patch grid (also under the counter, whose first use imports
@@ -291,11 +233,11 @@ def run_case_subprocess(args: argparse.Namespace, model_key: str, operator: str,
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
                               timeout=args.case_timeout)
     except subprocess.TimeoutExpired:
-        return dict(model=MODELS[model_key][0], operator=operator, size=size_label(hw),
+        return dict(model=MODELS[model_key].label, operator=operator, size=size_label(hw),
                     error=f'timeout after {args.case_timeout:.0f} s')
     if proc.returncode != 0:
         tail = proc.stderr.strip().splitlines()[-1:] or ['(no stderr)']
-        return dict(model=MODELS[model_key][0], operator=operator, size=size_label(hw),
+        return dict(model=MODELS[model_key].label, operator=operator, size=size_label(hw),
                     error=f'exit {proc.returncode}: {tail[0]}')
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -315,9 +257,7 @@ def analytic_ratio(model_key: str, operator: str, hw: Tuple[int, int]) -> Option
     """softmax / operator FLOP ratio of the whole ViT in the issue's convention, if closed."""
     if operator not in ANALYTIC_OPERATORS:
         return None
-    _, arch, family, _ = MODELS[model_key]
-    dims = VIT_SIZES[arch] if isinstance(arch, str) else arch
-    patch = vit_patch_size(model_key)
+    dims, patch = MODELS[model_key].vit_dims, MODELS[model_key].patch_size
 
     def total(op: str) -> int:
         return analytic_vit_flops(hw, patch, dims['embed_dims'], dims['num_layers'],
@@ -333,7 +273,8 @@ def _fmt(value: Optional[float], spec: str, suffix: str = '') -> str:
     return format(value, spec) + suffix
 
 
-def print_table(rows: List[Dict[str, object]], scopes: List[str]) -> None:
+def print_rows(rows: List[Dict[str, object]], scopes: List[str]) -> None:
+    """The results table: per case, time / memory of each scope and the ratios to softmax."""
     cols = ['model', 'size', 'tokens', 'operator']
     for scope in scopes:
         cols += [f'{scope} ms'] + (['img/s'] if scope == 'backbone' else [])
@@ -371,11 +312,7 @@ def print_table(rows: List[Dict[str, object]], scopes: List[str]) -> None:
             line['eager/compiled'] = _fmt(r['backbone']['ms'] / r['compiled']['ms'], '.2f', 'x')
             line['compile s'] = _fmt(r['compiled']['compile_s'], '.0f')
         table.append(line)
-    widths = {c: max(len(c), *(len(t.get(c, '-')) for t in table)) for c in cols}
-    print('  '.join(c.rjust(widths[c]) for c in cols))
-    print('  '.join('-' * widths[c] for c in cols))
-    for t in table:
-        print('  '.join(t.get(c, '-').rjust(widths[c]) for c in cols))
+    print_table(cols, table)
 
 
 def print_flop_comparison(rows: List[Dict[str, object]], key_of_label: Dict[str, str]) -> None:
@@ -458,7 +395,7 @@ def main(argv: Optional[List[str]] = None) -> List[Dict[str, object]]:
     os.makedirs(args.out_dir, exist_ok=True)
 
     rows: List[Dict[str, object]] = []
-    key_of_label = {MODELS[k][0]: k for k in MODELS}
+    key_of_label = {MODELS[k].label: k for k in MODELS}
     for model_key in model_keys(args):
         for hw in args.sizes:
             for op in case_operators(args):
@@ -473,7 +410,7 @@ def main(argv: Optional[List[str]] = None) -> List[Dict[str, object]]:
                         torch.cuda.empty_cache()
                 rows.append(row)
                 status = row.get('error', 'ok')
-                print(f'[{time.perf_counter() - t0:6.1f} s] {MODELS[model_key][0]} '
+                print(f'[{time.perf_counter() - t0:6.1f} s] {MODELS[model_key].label} '
                       f'{size_label(hw)} {op}: {status}', flush=True)
 
     print()
@@ -489,7 +426,7 @@ def main(argv: Optional[List[str]] = None) -> List[Dict[str, object]]:
           "operator peak; img/s = 1000 / backbone ms (batch 1); 'op' = token mixing only "
           "(Adventurer: its whole Mamba-2 mixer); FLOP x = softmax / operator counted backbone "
           "FLOPs; x / FLOP x = backbone speed-up over FLOP ratio")
-    print_table(rows, args.scopes)
+    print_rows(rows, args.scopes)
     print()
     if 'backbone' in args.scopes:
         print_flop_comparison(rows, key_of_label)

@@ -50,16 +50,14 @@ import torch.nn.functional as F  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from mmlinvit.utils.benchmarking import rel_err, time_round_robin  # noqa: E402
+from mmlinvit.analysis.kernel_checks import (check_linear_attention,  # noqa: E402
+                                             check_ssd, make_qkv, make_ssd_inputs)
+from mmlinvit.utils.benchmarking import (cuda_peak_memory, print_table,  # noqa: E402
+                                         time_round_robin)
 
 #: Peak HBM bandwidth (B/s) by device-name substring; ``--peak-bw`` overrides.
 PEAK_BW = {'H200': 4.8e12, 'H100': 3.35e12, 'A100': 2.0e12, 'L40': 0.864e12}
 DTYPES = {'fp32': torch.float32, 'bf16': torch.bfloat16}
-# Relative Frobenius error bounds (fp32: IEEE dots; bf16: TF32 dots + output rounding).
-TOL_LA = {torch.float32: 1e-4, torch.float16: 4e-3, torch.bfloat16: 2e-2}
-TOL_SSD = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 2e-2}
-TOL_SSD_DA = {torch.float32: 5e-3, torch.float16: 2e-2, torch.bfloat16: 5e-2}
-SSD_NAMES = ('y', 'dx', 'ddt', 'dA', 'dB', 'dC', 'dD')
 
 
 @dataclass
@@ -143,15 +141,11 @@ def peak_mib(fn: Callable[[], object], device: torch.device) -> Optional[float]:
     if device.type != 'cuda':
         fn()
         return None
-    torch.cuda.synchronize(device)
-    base = torch.cuda.memory_allocated(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    fn()
-    torch.cuda.synchronize(device)
-    return (torch.cuda.max_memory_allocated(device) - base) / 2**20
+    return cuda_peak_memory(fn, device)[0]
 
 
-def print_table(title: str, rows: List[Dict[str, object]]) -> None:
+def print_section(title: str, rows: List[Dict[str, object]]) -> None:
+    """``title``, then ``rows`` as a table (floats with 3 significant digits)."""
     print(title)
     if not rows:
         return
@@ -162,11 +156,8 @@ def print_table(title: str, rows: List[Dict[str, object]]) -> None:
             return f'{v:.3g}' if abs(v) < 1e4 else f'{v:.0f}'
         return '-' if v is None else str(v)
 
-    cells = [[fmt(r.get(c)) for c in cols] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
-    print('  ' + '  '.join(c.rjust(w) for c, w in zip(cols, widths)))
-    for row in cells:
-        print('  ' + '  '.join(v.rjust(w) for v, w in zip(row, widths)))
+    print_table(cols, [{c: fmt(r.get(c)) for c in cols} for r in rows], indent='  ',
+                rule=False)
 
 
 # ---------------------------------------------------------------------------------- kernels
@@ -177,88 +168,12 @@ def _kernels():
     probe = torch.zeros(1, 1, 1, 16, device=DEVICE)
     if select_backend(probe, probe, probe, backend='triton') != 'triton':
         raise RuntimeError('the linear attention dispatcher did not choose the Triton kernel')
-    leaves = make_ssd_inputs(1, 4, 2, 16, 1, 16, torch.float32)
+    leaves = make_ssd_inputs(1, 4, 2, 16, 1, 16, torch.float32, DEVICE)
     if select_ssd_backend(*leaves, backend='triton') != 'triton':
         raise RuntimeError('the SSD dispatcher did not choose the Triton kernel')
     from mmlinvit.ops.linear_attention import triton_kernel as la_kernel
     from mmlinvit.ops.ssd import triton_kernel as ssd_kernel
     return la_kernel, ssd_kernel
-
-
-def make_qkv(n: int, m: int, heads: int, d: int, e: int, dtype: torch.dtype,
-             requires_grad: bool = True) -> Tuple[torch.Tensor, ...]:
-    gen = torch.Generator(device=DEVICE).manual_seed(n * 131 + m + d)
-    out = []
-    for shape in ((1, heads, n, d), (1, heads, m, d), (1, heads, m, e)):
-        t = torch.randn(*shape, device=DEVICE, generator=gen).to(dtype)
-        out.append(t.requires_grad_(requires_grad))
-    return tuple(out)
-
-
-def make_ssd_inputs(batch: int, length: int, heads: int, headdim: int, groups: int,
-                    d_state: int, dtype: torch.dtype) -> List[torch.Tensor]:
-    """Mixer-like leaves: x, B, C in ``dtype``; dt = softplus(.), A in -[1, 16], D fp32."""
-    gen = torch.Generator(device=DEVICE).manual_seed(length * 7 + heads)
-
-    def randn(*shape):
-        return torch.randn(*shape, device=DEVICE, generator=gen)
-
-    x = randn(batch, length, heads, headdim).to(dtype)
-    dt = F.softplus(randn(batch, length, heads) - 3.0)
-    A = -(torch.rand(heads, device=DEVICE, generator=gen) * 15.0 + 1.0)
-    B = (randn(batch, length, groups, d_state) * d_state**-0.5).to(dtype)
-    C = (randn(batch, length, groups, d_state) * d_state**-0.5).to(dtype)
-    D = randn(heads)
-    return [t.requires_grad_() for t in (x, dt, A, B, C, D)]
-
-
-def check_linear_attention(la_kernel, name: str, n: int, m: int, heads: int, d: int, e: int,
-                           dtype: torch.dtype, mode: str) -> Dict[str, object]:
-    from mmlinvit.ops.linear_attention import inline_attention_torch, linear_attention_torch
-    q, k, v = make_qkv(n, m, heads, d, e, dtype)
-    if mode == 'inline':
-        out = la_kernel.inline_attention_triton(q, k, v, d**-0.5)
-        ref_fn = lambda a, b, c: inline_attention_torch(a, b, c, d**-0.5)  # noqa: E731
-    else:
-        out = la_kernel.linear_attention_triton(q, k, v, mode)
-        ref_fn = lambda a, b, c: linear_attention_torch(a, b, c, mode)  # noqa: E731
-    # fp32 reference on the same rounded inputs
-    q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
-    ref = ref_fn(q32, k32, v32)
-    grad = torch.randn_like(ref)
-    got = torch.autograd.grad(out, (q, k, v), grad.to(out.dtype))
-    want = torch.autograd.grad(ref, (q32, k32, v32), grad)
-    errors = [rel_err(out, ref)] + [rel_err(a, b) for a, b in zip(got, want)]
-    finite = all(bool(torch.isfinite(t).all()) for t in (out, *got))
-    ok = finite and max(errors) <= TOL_LA[dtype]
-    return dict(kernel='linear-attn', case=name, shape=f'N={n} M={m} H={heads} d={d} e={e}',
-                dtype=str(dtype).split('.')[-1], out=errors[0], dq=errors[1], dk=errors[2],
-                dv=errors[3], tol=TOL_LA[dtype], ok='PASS' if ok else 'FAIL')
-
-
-def check_ssd(kernel, name: str, batch: int, length: int, heads: int, headdim: int,
-              groups: int, d_state: int, chunk: int, dtype: torch.dtype) -> Dict[str, object]:
-    from mmlinvit.ops.ssd import ssd_scan_torch
-    leaves = make_ssd_inputs(batch, length, heads, headdim, groups, d_state, dtype)
-    grad = torch.randn(batch, length, heads, headdim, device=DEVICE).to(dtype)
-
-    def run(fn, args):
-        out = fn(*args, chunk_size=chunk)
-        return [out] + list(torch.autograd.grad(out, args, grad.to(out.dtype)))
-
-    got = run(kernel.ssd_scan_triton, leaves)
-    ref_leaves = [t.detach().float().requires_grad_() for t in leaves]
-    want = run(ssd_scan_torch, ref_leaves)
-    errors = [rel_err(a, b) for a, b in zip(got, want)]
-    finite = all(bool(torch.isfinite(t).all()) for t in got)
-    bounds = [TOL_SSD_DA[dtype] if n == 'dA' else TOL_SSD[dtype] for n in SSD_NAMES]
-    ok = finite and all(e <= b for e, b in zip(errors, bounds))
-    row = dict(kernel='ssd', case=name,
-               shape=f'L={length} H={heads} P={headdim} N={d_state} G={groups}',
-               dtype=str(dtype).split('.')[-1])
-    row.update({n: e for n, e in zip(SSD_NAMES, errors)})
-    row.update(tol=TOL_SSD[dtype], ok='PASS' if ok else 'FAIL')
-    return row
 
 
 def section_check(sizes: Sizes) -> Tuple[List[Dict[str, object]], List[Dict[str, object]]]:
@@ -267,19 +182,20 @@ def section_check(sizes: Sizes) -> Tuple[List[Dict[str, object]], List[Dict[str,
     h, d = sizes.la_heads, sizes.la_head_dim
     for dtype in DTYPES.values():
         for n in sizes.la_check_tokens:
-            la_rows.append(check_linear_attention(la_kernel, 'elu', n, n, h, d, d, dtype, 'elu'))
+            la_rows.append(check_linear_attention(la_kernel, 'elu', n, n, h, d, d, dtype, 'elu',
+                                                  DEVICE))
     for case in sizes.extra_la_cases:
-        la_rows.append(check_linear_attention(la_kernel, *case))
+        la_rows.append(check_linear_attention(la_kernel, *case, DEVICE))
     ssd_rows = []
     s = sizes.ssd_shape
     for dtype in DTYPES.values():
         for length in sizes.ssd_check_lengths:
             ssd_rows.append(check_ssd(kernel, 'adventurer', 1, length, s['heads'], s['headdim'],
-                                      s['groups'], s['d_state'], s['chunk'], dtype))
+                                      s['groups'], s['d_state'], s['chunk'], dtype, DEVICE))
     small = min(sizes.ssd_check_lengths)
     ssd_rows.append(check_ssd(kernel, 'ragged groups P48 N40' if not DRY else 'ragged groups',
                               2, small + 37, 4, 48 if not DRY else 12, 2,
-                              40 if not DRY else 10, s['chunk'], torch.bfloat16))
+                              40 if not DRY else 10, s['chunk'], torch.bfloat16, DEVICE))
     return la_rows, ssd_rows
 
 
@@ -290,7 +206,8 @@ def section_linear_attention(sizes: Sizes, peak_bw: float) -> List[Dict[str, obj
     dtype = torch.bfloat16 if not DRY else torch.float32
     rows = []
     for n in sizes.la_bench_tokens:
-        q, k, v = make_qkv(n, n, sizes.la_heads, sizes.la_head_dim, sizes.la_head_dim, dtype)
+        q, k, v = make_qkv(n, n, sizes.la_heads, sizes.la_head_dim, sizes.la_head_dim, dtype,
+                           DEVICE)
         grad = torch.randn_like(q)
         nbytes = q.numel() * q.element_size()
 
@@ -329,7 +246,7 @@ def section_ssd(sizes: Sizes) -> List[Dict[str, object]]:
     rows = []
     for length in sizes.ssd_bench_lengths:
         leaves = make_ssd_inputs(1, length, s['heads'], s['headdim'], s['groups'], s['d_state'],
-                                 dtype)
+                                 dtype, DEVICE)
         grad = torch.randn(1, length, s['heads'], s['headdim'], device=DEVICE).to(dtype)
 
         def fb(fn):
@@ -481,9 +398,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     if 'check' in args.sections:
         la_rows, ssd_rows = section_check(sizes)
         result['check_linear_attention'], result['check_ssd'] = la_rows, ssd_rows
-        print_table('1. correctness, linear attention (rel. Frobenius error vs fp32 torch path):',
+        print_section('1. correctness, linear attention (rel. Frobenius error vs fp32 torch path):',
                     la_rows)
-        print_table('   correctness, SSD scan (rel. error vs fp32 chunked torch scan):', ssd_rows)
+        print_section('   correctness, SSD scan (rel. error vs fp32 chunked torch scan):', ssd_rows)
         ok = all(r['ok'] == 'PASS' for r in la_rows + ssd_rows)
         print(f'   correctness {"PASSED" if ok else "FAILED"} '
               f'[{time.perf_counter() - t_start:.0f} s]')
@@ -491,18 +408,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     if 'la' in args.sections:
         la_rows = section_linear_attention(sizes, peak_bw)
         result['linear_attention'] = la_rows
-        print_table(f'2. linear attention op, B=1 H={sizes.la_heads} d={sizes.la_head_dim} '
+        print_section(f'2. linear attention op, B=1 H={sizes.la_heads} d={sizes.la_head_dim} '
                     f'ELU+1 (median ms; HBM = fraction of {peak_bw / 1e12:.2f} TB/s) '
                     f'[{time.perf_counter() - t_start:.0f} s]:', la_rows)
     if 'ssd' in args.sections:
         result['ssd'] = section_ssd(sizes)
-        print_table(f'3. SSD scan {sizes.ssd_shape} (median ms) '
+        print_section(f'3. SSD scan {sizes.ssd_shape} (median ms) '
                     f'[{time.perf_counter() - t_start:.0f} s]:', result['ssd'])
     bb_rows = []
     if 'backbones' in args.sections:
         bb_rows = section_backbones(sizes)
         result['backbones'] = bb_rows
-        print_table('4. backbones, batch 1 inference (act MiB = peak above weights; speed x and '
+        print_section('4. backbones, batch 1 inference (act MiB = peak above weights; speed x and '
                     f'mem frac vs the softmax model) [{time.perf_counter() - t_start:.0f} s]:',
                     bb_rows)
     lines = verdicts(la_rows, bb_rows)

@@ -48,17 +48,20 @@ import os
 import os.path as osp
 import sys
 import time
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional
 
 import torch
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 sys.path.insert(0, REPO)
 
-from mmlinvit.analysis import FLOP_CONVENTION, count_flops  # noqa: E402
+from mmlinvit.analysis import attention_gap, feature_gap  # noqa: E402
+from mmlinvit.analysis.layer_sensitivity import (align_layer, best_seconds,  # noqa: E402
+                                                 choose, clone_with_attn, hybrid_attn_cfg,
+                                                 layer_costs, pareto_table, propose,
+                                                 proposal_table, sensitivity_table)
 from mmlinvit.backbones import VisionTransformer  # noqa: E402
-from mmlinvit.distill import ModuleInputsRecorder, ModuleOutputsRecorder  # noqa: E402
-from mmlinvit.distill.losses import AttentionOutputMSELoss  # noqa: E402
+from mmlinvit.utils.cli import load_script  # noqa: E402
 
 #: Lengths of the demo Stages 1-3 (``--quick``: the smoke test).
 STAGE_PLANS = {
@@ -146,11 +149,6 @@ def build_backbone(backbone_cfg: dict, attn_cfg, checkpoint: Optional[str]) -> V
     return model
 
 
-def hybrid_attn_cfg(num_layers: int, keep: Sequence[int], operator: str) -> List[str]:
-    """Per-layer operators: softmax in ``keep``, ``operator`` elsewhere."""
-    return ['softmax' if i in set(keep) else operator for i in range(num_layers)]
-
-
 # ----------------------------------------------------------------------------- data
 def load_batches(cfg, split: str, count: int, seed: int) -> torch.Tensor:
     """``count`` preprocessed images (B, 3, H, W) from the config's ``<split>_dataloader``,
@@ -178,161 +176,7 @@ def load_batches(cfg, split: str, count: int, seed: int) -> torch.Tensor:
     return torch.cat(images)[:count]
 
 
-# ----------------------------------------------------------------------------- alignment
-def align_layer(student: VisionTransformer, teacher: VisionTransformer, index: int,
-                images: torch.Tensor, iters: int, lr: float, batch_size: int,
-                seed: int) -> List[float]:
-    """Stage 1 for layer ``index``: teacher forcing, attention-output MSE, that layer's
-    attention parameters only.  Returns the per-step losses."""
-    params = list(student.blocks[index].attn.parameters())
-    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(1, iters),
-                                                          eta_min=lr * 0.01)
-    loss_fn = AttentionOutputMSELoss(loss_weight=1.0)
-    generator = torch.Generator().manual_seed(seed)
-    block = student.blocks[index]
-    block.train()
-    losses = []
-    with ModuleInputsRecorder(f'blocks.{index}').attach(teacher) as t_in, \
-            ModuleOutputsRecorder(f'blocks.{index}.attn').attach(teacher) as t_out:
-        for _ in range(iters):
-            idx = torch.randint(0, len(images), (batch_size, ), generator=generator)
-            with torch.no_grad():
-                _, hw_shape = teacher.forward_tokens(images[idx])
-                block_in, target = t_in.get(), t_out.get()
-            out = block.forward_attn(block_in, hw_shape, teacher.num_prefix_tokens)
-            loss = loss_fn(out, target)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            schedule.step()
-            losses.append(loss.item())
-    student.eval()
-    return losses
-
-
-@torch.no_grad()
-def feature_gap(student: VisionTransformer, teacher: VisionTransformer,
-                images: torch.Tensor) -> float:
-    """``mean((f_s - f_t)^2) / mean(f_t^2)`` of the final normalised tokens."""
-    f_s, _ = student.eval().forward_tokens(images)
-    f_t, _ = teacher.eval().forward_tokens(images)
-    return float((f_s - f_t).pow(2).mean() / f_t.pow(2).mean())
-
-
-@torch.no_grad()
-def attention_gap(student: VisionTransformer, teacher: VisionTransformer, index: int,
-                  images: torch.Tensor) -> float:
-    """Teacher-forced relative attention-output gap of layer ``index``."""
-    with ModuleInputsRecorder(f'blocks.{index}').attach(teacher) as t_in, \
-            ModuleOutputsRecorder(f'blocks.{index}.attn').attach(teacher) as t_out:
-        _, hw_shape = teacher.forward_tokens(images)
-        block_in, target = t_in.get(), t_out.get()
-    out = student.blocks[index].forward_attn(block_in, hw_shape, teacher.num_prefix_tokens)
-    return float((out - target).pow(2).mean() / target.pow(2).mean())
-
-
-# ----------------------------------------------------------------------------- cost
-def _best_seconds(fn, repeats: int) -> float:
-    """Fastest of ``repeats`` timed calls after one warm-up (the least disturbed by other
-    processes on a shared machine)."""
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
-@torch.no_grad()
-def layer_costs(backbone_cfg: dict, teacher: VisionTransformer, operator: str,
-                resolution: Tuple[int, int], repeats: int) -> dict:
-    """Time and FLOPs of the teacher backbone and of each block (softmax and linearized) on
-    one ``resolution`` image."""
-    x = torch.randn(1, 3, *resolution)
-    teacher.eval()
-    total_s = _best_seconds(lambda: teacher(x), repeats)
-    total_flops = count_flops(teacher, x).total
-    with ModuleInputsRecorder('blocks.{i}').attach(teacher) as rec:
-        _, hw_shape = teacher.forward_tokens(x)
-        block_inputs = rec.get()
-    blocks = []
-    for i, blk in enumerate(teacher.blocks):
-        others = [j for j in range(teacher.num_layers) if j != i]
-        linear = clone_with_attn(backbone_cfg, teacher,
-                                 hybrid_attn_cfg(teacher.num_layers, others, operator)).blocks[i]
-        tokens = block_inputs[i]
-        prefix = teacher.num_prefix_tokens
-
-        def run_softmax(blk=blk, tokens=tokens):
-            return blk(tokens, hw_shape, prefix)
-
-        def run_linear(linear=linear, tokens=tokens):
-            return linear(tokens, hw_shape, prefix)
-
-        blocks.append(dict(
-            softmax_s=_best_seconds(run_softmax, repeats),
-            linear_s=_best_seconds(run_linear, repeats),
-            softmax_flops=count_flops(blk, tokens, hw_shape, prefix).total,
-            linear_flops=count_flops(linear, tokens, hw_shape, prefix).total))
-    return dict(resolution=list(resolution), teacher_s=total_s, teacher_flops=total_flops,
-                blocks=blocks)
-
-
-def clone_with_attn(backbone_cfg: dict, teacher: VisionTransformer,
-                    attn_cfg: List[str]) -> VisionTransformer:
-    """The teacher's architecture with per-layer ``attn_cfg`` and the teacher's weights
-    (operator-only parameters keep their initialisation).
-
-    Args:
-        backbone_cfg: The teacher's backbone config.
-        teacher: The loaded teacher.
-        attn_cfg: One operator per layer.
-    """
-    from mmlinvit.transfer import transfer_weights
-    model = build_backbone(backbone_cfg, attn_cfg, None)
-    transfer_weights(model, teacher, strategy='full_copy')
-    return model.eval()
-
-
-# ----------------------------------------------------------------------------- proposals
-def propose(sensitivity: List[dict], costs: dict, operator: str) -> List[dict]:
-    """Hybrid k = 0..L: keep the k layers of largest single-layer feature gap softmax."""
-    num_layers = len(sensitivity)
-    order = sorted(range(num_layers), key=lambda i: -sensitivity[i]['feature_gap'])
-    proposals = []
-    for k in range(num_layers + 1):
-        keep = sorted(order[:k])
-        linear = [i for i in range(num_layers) if i not in keep]
-        saved_s = sum(costs['blocks'][i]['softmax_s'] - costs['blocks'][i]['linear_s']
-                      for i in linear)
-        saved_flops = sum(costs['blocks'][i]['softmax_flops'] -
-                          costs['blocks'][i]['linear_flops'] for i in linear)
-        proposals.append(dict(
-            keep=k, softmax_layers=keep, attn_cfg=hybrid_attn_cfg(num_layers, keep, operator),
-            predicted_s=costs['teacher_s'] - saved_s,
-            predicted_flops=costs['teacher_flops'] - saved_flops,
-            predicted_gap_sum=sum(sensitivity[i]['feature_gap'] for i in linear)))
-    return proposals
-
-
-def choose(proposals: List[dict], teacher_s: float, time_budget: Optional[float],
-           keep: Optional[int]) -> dict:
-    """The proposal with ``keep`` softmax layers, or the largest k within the time budget."""
-    if keep is not None:
-        if not 0 <= keep < len(proposals):
-            raise ValueError(f'--keep {keep} is out of range: the model has '
-                             f'{len(proposals) - 1} layers (k = 0..{len(proposals) - 1})')
-        return proposals[keep]
-    fitting = [p for p in proposals if p['predicted_s'] <= time_budget * teacher_s]
-    if not fitting:
-        raise ValueError(f'no hybrid fits --time-budget {time_budget}: even linearizing every '
-                         f'layer is predicted at {proposals[0]["predicted_s"] / teacher_s:.2f} '
-                         f'of the teacher time; raise the budget or use --keep')
-    return max(fitting, key=lambda p: p['keep'])
-
-
+# ----------------------------------------------------------------------------- output
 def write_config(path: str, base_config: str, checkpoint: str, chosen: dict,
                  table: str) -> str:
     """A config inheriting ``base_config`` whose backbone is the chosen hybrid."""
@@ -351,51 +195,7 @@ def write_config(path: str, base_config: str, checkpoint: str, chosen: dict,
     return path
 
 
-# ----------------------------------------------------------------------------- tables
-def sensitivity_table(sensitivity: List[dict], costs: dict) -> str:
-    """Per layer: gaps, and time / FLOP shares of the teacher at the resolution."""
-    res = 'x'.join(str(r) for r in costs['resolution'])
-    lines = [f'| layer | attn-output gap (aligned) | feature gap | time share at {res} '
-             f'(softmax -> linear) | FLOP share at {res} (softmax -> linear) |',
-             '|---|---|---|---|---|']
-    for i, (s, c) in enumerate(zip(sensitivity, costs['blocks'])):
-        lines.append(
-            f'| {i} | {s["attn_gap_before"]:.2e} -> {s["attn_gap"]:.2e}'
-            f'{"" if s["alignment_kept"] else " (discarded)"} | '
-            f'{s["feature_gap"]:.2e} | '
-            f'{100 * c["softmax_s"] / costs["teacher_s"]:.1f}% -> '
-            f'{100 * c["linear_s"] / costs["teacher_s"]:.1f}% | '
-            f'{100 * c["softmax_flops"] / costs["teacher_flops"]:.1f}% -> '
-            f'{100 * c["linear_flops"] / costs["teacher_flops"]:.1f}% |')
-    lines.append(f'\nteacher backbone at {res}: {1000 * costs["teacher_s"]:.1f} ms, '
-                 f'{costs["teacher_flops"] / 1e9:.2f} GFLOPs ({FLOP_CONVENTION})')
-    return '\n'.join(lines)
-
-
-def proposal_table(proposals: List[dict], costs: dict) -> str:
-    """Per budget k: predicted / measured speed and the measured feature gap."""
-    res = 'x'.join(str(r) for r in costs['resolution'])
-    lines = [f'| keep k softmax | softmax layers | predicted time at {res} | measured time | '
-             f'speed-up (measured) | GFLOPs | feature gap (measured) |',
-             '|---|---|---|---|---|---|---|']
-    for p in proposals:
-        lines.append(
-            f'| {p["keep"]} | {p["softmax_layers"]} | {1000 * p["predicted_s"]:.1f} ms | '
-            f'{1000 * p["measured_s"]:.1f} ms | {costs["teacher_s"] / p["measured_s"]:.2f}x | '
-            f'{p["predicted_flops"] / 1e9:.2f} | {p["feature_gap"]:.2e} |')
-    return '\n'.join(lines)
-
-
 # ----------------------------------------------------------------------------- Stages 1-3
-def _demo_module():
-    import importlib.util
-    spec = importlib.util.spec_from_file_location('mmlinvit_demo_tool',
-                                                  osp.join(REPO, 'tools', 'demo.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def run_stages(cfg, checkpoint: str, attn_cfg: List[str], work_dir: str, plan: dict,
                seed: int) -> float:
     """ViT-AdaLA Stages 1-3 of the demo pipeline for one hybrid; returns validation mIoU.
@@ -406,7 +206,7 @@ def run_stages(cfg, checkpoint: str, attn_cfg: List[str], work_dir: str, plan: d
     1-2 are skipped and Stage 3 starts from the teacher backbone.
     """
     from mmengine.config import Config
-    demo = _demo_module()
+    demo = load_script(osp.join(REPO, 'tools', 'demo.py'), 'mmlinvit_demo_tool')
     data_root = cfg.train_dataloader.dataset.data_root
     tb = cfg.model.backbone
     linear = [i for i, op in enumerate(attn_cfg) if op != 'softmax']
@@ -514,7 +314,7 @@ def main(argv: Optional[List[str]] = None) -> dict:
                 hybrid.blocks[i].attn.load_state_dict(aligned[i])
         p['feature_gap'] = feature_gap(hybrid, teacher, val_images)
         with torch.no_grad():
-            p['measured_s'] = _best_seconds(lambda: hybrid(x), args.repeats)
+            p['measured_s'] = best_seconds(lambda: hybrid(x), args.repeats)
     chosen = choose(proposals, costs['teacher_s'], args.time_budget, args.keep)
 
     table1 = sensitivity_table(sensitivity, costs)
@@ -546,18 +346,7 @@ def main(argv: Optional[List[str]] = None) -> dict:
                              feature_gap=p['feature_gap'], seconds=time.time() - t0))
             print(f'[stages 1-3] keep {k} {p["softmax_layers"]}: mIoU {miou:.2f} '
                   f'({rows[-1]["seconds"]:.0f} s)', flush=True)
-        res = 'x'.join(str(r) for r in resolution)
-        lines = [f'| keep k softmax | softmax layers | time at {res} | speed-up | GFLOPs | '
-                 f'feature gap after Stage 1 | mIoU after Stages 1-3 |',
-                 '|---|---|---|---|---|---|---|']
-        for r in rows:
-            lines.append(f'| {r["keep"]} | {r["softmax_layers"]} | '
-                         f'{1000 * r["measured_s"]:.1f} ms | '
-                         f'{costs["teacher_s"] / r["measured_s"]:.2f}x | '
-                         f'{r["predicted_flops"] / 1e9:.2f} | {r["feature_gap"]:.2e} | '
-                         f'{r["mIoU"]:.2f} |')
-        pareto = '\n'.join(lines)
-        summary += f'\n\nPareto (demo pipeline, Stages 1-3):\n\n{pareto}'
+        summary += f'\n\nPareto (demo pipeline, Stages 1-3):\n\n{pareto_table(rows, costs)}'
         result['pareto'] = rows
     result['summary'] = summary
     with open(osp.join(work_dir, 'layer_sensitivity.json'), 'w') as f:

@@ -41,37 +41,27 @@ same init, averaged over inits) go to ``<work-dir>/tables.md`` and stdout::
 import argparse
 import copy
 import json
-import math
 import os
 import os.path as osp
 import sys
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional
 
 import numpy as np
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 sys.path.insert(0, REPO)
 
-from mmlinvit.backbones import LinearVisionTransformer, VisionTransformer  # noqa: E402
-from mmlinvit.distill import ModuleOutputsRecorder  # noqa: E402
-from mmlinvit.distill.losses import (AttentionOutputMSELoss,  # noqa: E402
-                                     NormalizedAttentionOutputMSELoss)
-from mmlinvit.transfer import transfer_weights  # noqa: E402
+from mmlinvit.analysis import attention_output_stats  # noqa: E402
+from mmlinvit.analysis.digits_distill import prepare_digits, run_digits  # noqa: E402
+from mmlinvit.analysis.distill_weight_sweep import (INIT_LABELS, LOSS_TYPES,  # noqa: E402
+                                                    Setting, build_distill_loss, load_results,
+                                                    record_key, run_key, setting_label,
+                                                    summarise, sweep_settings)
+from mmlinvit.utils.cli import load_script  # noqa: E402
 
-#: Loss types of the two kinds of setting (``none`` trains without distillation).
-LOSS_TYPES = {'raw': 'mmlinvit.AttentionOutputMSELoss',
-              'normalized': 'mmlinvit.NormalizedAttentionOutputMSELoss'}
-INITS = ('random', 'copy', 'mlp_copy', 'full_copy')
-INIT_LABELS = {'random': 'Random', 'copy': 'Copy', 'mlp_copy': 'MLPCopy',
-               'full_copy': 'FullCopy'}
-#: The digits ViT: 4 blocks of width 32, 8 px patches on 32 x 32 images (16 patches + cls).
-DIGITS_VIT = dict(arch=dict(embed_dims=32, num_layers=4, num_heads=2, mlp_hidden_dims=64),
-                  family='deit', patch_size=8, img_size=32, out_type='cls_token')
-DIGITS_TRAIN = 1400  # the rest (397) is the held-out set
+INITS = tuple(INIT_LABELS)
 
 #: Lengths of the two plans (``--quick``: the smoke test).
 PLANS = {
@@ -82,8 +72,6 @@ PLANS = {
                   scenes_teacher_iters=2, scenes_iters=2, num_train=8, num_val=4, batch=32,
                   scenes_batch=4),
 }
-
-Setting = Tuple[str, float]
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -117,170 +105,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
 def settings_of(args: argparse.Namespace) -> List[Setting]:
     """The settings in table order: ``('none', 0)``, then raw and normalised lambdas."""
-    out: List[Setting] = [] if args.no_baseline else [('none', 0.0)]
-    out += [('raw', float(w)) for w in args.raw]
-    out += [('normalized', float(w)) for w in args.normalized]
-    return out
-
-
-def setting_label(setting: Setting) -> str:
-    """``'w/o distill'``, ``'raw 50'``, ``'norm 1'``."""
-    kind, weight = setting
-    if kind == 'none':
-        return 'w/o distill'
-    return f'{"raw" if kind == "raw" else "norm"} {weight:g}'
-
-
-def build_distill_loss(setting: Setting) -> Optional[nn.Module]:
-    """The torch-only loss of a setting (``None`` for ``'none'``)."""
-    kind, weight = setting
-    if kind == 'none':
-        return None
-    if kind == 'raw':
-        return AttentionOutputMSELoss(loss_weight=weight)
-    if kind == 'normalized':
-        return NormalizedAttentionOutputMSELoss(loss_weight=weight)
-    raise ValueError(f"Unknown setting kind {kind!r}; use 'none', 'raw' or 'normalized'")
-
-
-# ----------------------------------------------------------------------------- digits
-def load_digits() -> Tuple[torch.Tensor, torch.Tensor]:
-    """scikit-learn digits as (1797, 3, 32, 32) uint8 and labels, in a fixed random order."""
-    from sklearn.datasets import load_digits as sk_load_digits
-    digits = sk_load_digits()
-    x = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
-    x = F.interpolate(x, size=(32, 32), mode='bilinear', align_corners=False)
-    x = (x.clamp(0, 1) * 255).round().to(torch.uint8).repeat(1, 3, 1, 1)
-    y = torch.tensor(digits.target)
-    order = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
-    return x[order], y[order]
-
-
-def _normalise(x_uint8: torch.Tensor) -> torch.Tensor:
-    return (x_uint8.float() - 127.5) / 127.5
-
-
-def _cosine_schedule(optimizer: torch.optim.Optimizer, total: int,
-                     warmup: int) -> torch.optim.lr_scheduler.LambdaLR:
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = (step - warmup) / max(1, total - warmup)
-        return 1e-3 + (1 - 1e-3) * 0.5 * (1 + math.cos(math.pi * progress))
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-
-
-@torch.no_grad()
-def _accuracy(backbone: nn.Module, head: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
-    backbone.eval()
-    logits = head(backbone(_normalise(x))[0])
-    backbone.train()
-    return float((logits.argmax(1) == y).float().mean())
-
-
-def train_digits_teacher(x: torch.Tensor, y: torch.Tensor, epochs: int,
-                         batch_size: int) -> Tuple[VisionTransformer, nn.Linear]:
-    """The softmax teacher (seed 0), trained from scratch with AdamW + one-cycle."""
-    torch.manual_seed(0)
-    backbone = VisionTransformer(attn_cfg='softmax', **DIGITS_VIT)
-    head = nn.Linear(DIGITS_VIT['arch']['embed_dims'], 10)
-    params = list(backbone.parameters()) + list(head.parameters())
-    optimizer = torch.optim.AdamW(params, lr=5e-3, weight_decay=0.01)
-    steps = epochs * -(-len(x) // batch_size)
-    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=5e-3, total_steps=steps,
-                                                   pct_start=0.1)
-    generator = torch.Generator().manual_seed(0)
-    for _ in range(epochs):
-        order = torch.randperm(len(x), generator=generator)
-        for start in range(0, len(x), batch_size):
-            idx = order[start:start + batch_size]
-            loss = F.cross_entropy(head(backbone(_normalise(x[idx]))[0]), y[idx])
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            schedule.step()
-    return backbone.eval(), head.eval()
-
-
-@torch.no_grad()
-def attention_output_stats(student: nn.Module, teacher: nn.Module,
-                           x: torch.Tensor) -> Tuple[List[float], List[float]]:
-    """Per block: the teacher's attention-output mean square, and the student's relative gap
-    ``mean((s-t)^2) / mean(t^2)`` (both run on the same images, each on its own stream)."""
-    was_training = student.training
-    student.eval()
-    with ModuleOutputsRecorder('blocks.{i}.attn').attach(teacher) as t_rec, \
-            ModuleOutputsRecorder('blocks.{i}.attn').attach(student) as s_rec:
-        teacher(x)
-        student(x)
-        t_out, s_out = t_rec.get(), s_rec.get()
-    student.train(was_training)
-    mean_sq = [float(t.pow(2).mean()) for t in t_out]
-    gaps = [float((s - t).pow(2).mean() / t.pow(2).mean()) for s, t in zip(s_out, t_out)]
-    return mean_sq, gaps
-
-
-def run_digits(data: dict, init: str, setting: Setting, seed: int, operator: str,
-               iters: int, batch_size: int) -> dict:
-    """One student run on digits; returns held-out accuracy and attention-output gaps."""
-    teacher = data['teacher']
-    torch.manual_seed(seed)
-    student = LinearVisionTransformer(attn_cfg=operator, **DIGITS_VIT)
-    head = nn.Linear(DIGITS_VIT['arch']['embed_dims'], 10)
-    report = transfer_weights(student, teacher, strategy=init)
-    loss_fn = build_distill_loss(setting)
-    params = list(student.parameters()) + list(head.parameters())
-    optimizer = torch.optim.AdamW(params, lr=2e-3, weight_decay=0.05)
-    schedule = _cosine_schedule(optimizer, iters, warmup=max(1, iters // 10))
-    x, y = data['x_student'], data['y_student']
-    generator = torch.Generator().manual_seed(1000 + seed)
-    order, cursor = torch.randperm(len(x), generator=generator), 0
-    student.train()
-    s_rec = ModuleOutputsRecorder('blocks.{i}.attn').attach(student)
-    t_rec = ModuleOutputsRecorder('blocks.{i}.attn').attach(teacher)
-    with s_rec, t_rec:
-        for _ in range(iters):
-            if cursor + batch_size > len(x):
-                order, cursor = torch.randperm(len(x), generator=generator), 0
-            idx = order[cursor:cursor + batch_size]
-            cursor += batch_size
-            images = _normalise(x[idx])
-            loss = F.cross_entropy(head(student(images)[0]), y[idx], label_smoothing=0.1)
-            if loss_fn is not None:
-                with torch.no_grad():
-                    teacher(images)
-                loss = loss + loss_fn(s_rec.get(), t_rec.get())
-            optimizer.zero_grad()
-            loss.backward()
-            nn.utils.clip_grad_norm_(params, 3.0)
-            optimizer.step()
-            schedule.step()
-    accuracy = _accuracy(student, head, data['x_test'], data['y_test'])
-    _, gaps = attention_output_stats(student, teacher, _normalise(data['x_test']))
-    return dict(score=100 * accuracy, attn_rel_gap=float(np.mean(gaps)),
-                copied=len(report.copied),
-                loss=None if loss_fn is None else type(loss_fn).__name__)
-
-
-def prepare_digits(plan: dict) -> dict:
-    """Loads digits, trains the teacher, measures its accuracy and attention scale."""
-    x, y = load_digits()
-    data = dict(x_train=x[:DIGITS_TRAIN], y_train=y[:DIGITS_TRAIN], x_test=x[DIGITS_TRAIN:],
-                y_test=y[DIGITS_TRAIN:])
-    # the downstream set: a small labelled subset of the teacher's training images
-    data['x_student'] = data['x_train'][:plan['digits_student_train']]
-    data['y_student'] = data['y_train'][:plan['digits_student_train']]
-    teacher, head = train_digits_teacher(data['x_train'], data['y_train'],
-                                         plan['digits_teacher_epochs'], 64)
-    for p in teacher.parameters():
-        p.requires_grad_(False)
-    data['teacher'] = teacher
-    data['teacher_score'] = 100 * _accuracy(teacher, head, data['x_test'], data['y_test'])
-    teacher.eval()
-    mean_sq, _ = attention_output_stats(teacher, teacher, _normalise(data['x_test']))
-    data['teacher_attn_mean_square'] = mean_sq
-    return data
+    return sweep_settings(args.raw, args.normalized, baseline=not args.no_baseline)
 
 
 # ----------------------------------------------------------------------------- scenes
@@ -289,15 +114,9 @@ _DEMO = {}
 
 def _demo_module():
     """tools/demo.py as a module (its data, schedule and export helpers are reused)."""
-    if 'module' in _DEMO:
-        return _DEMO['module']
-    import importlib.util
-    spec = importlib.util.spec_from_file_location('mmlinvit_demo_tool',
-                                                  osp.join(REPO, 'tools', 'demo.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    _DEMO['module'] = module
-    return module
+    if 'module' not in _DEMO:
+        _DEMO['module'] = load_script(osp.join(REPO, 'tools', 'demo.py'), 'mmlinvit_demo_tool')
+    return _DEMO['module']
 
 
 def last_metrics_hook():
@@ -348,7 +167,7 @@ def prepare_scenes(plan: dict, work_dir: str) -> dict:
 @torch.no_grad()
 def _scene_images(runner, count: int) -> torch.Tensor:
     """The first ``count`` validation images, through the segmentor's data preprocessor."""
-    model = runner.model.module if hasattr(runner.model, 'module') else runner.model
+    model = _demo_module()._unwrap(runner.model)
     images = []
     for batch in runner.val_dataloader:
         images.append(model.data_preprocessor(batch, False)['inputs'])
@@ -416,7 +235,7 @@ def run_scenes(info: dict, init: str, setting: Setting, seed: int, operator: str
     runner.register_hook(hook)
     runner.train()  # validates after the last iteration
     metrics = hook.metrics
-    model = runner.model.module if hasattr(runner.model, 'module') else runner.model
+    model = _demo_module()._unwrap(runner.model)
     teacher = model.teacher.eval()
     images = _scene_images(runner, 16)
     _, gaps = attention_output_stats(model.student.backbone, teacher, images)
@@ -426,92 +245,7 @@ def run_scenes(info: dict, init: str, setting: Setting, seed: int, operator: str
                 loss=type(losses['attn_out']).__name__ if 'attn_out' in losses else None)
 
 
-# ----------------------------------------------------------------------------- tables
-def load_results(path: str) -> List[dict]:
-    """The runs recorded so far (one JSON object per line), one per run: when two sweeps
-    sharing a work dir recorded the same run, the last record counts."""
-    if not osp.isfile(path):
-        return []
-    with open(path) as f:
-        records = [json.loads(line) for line in f if line.strip()]
-    unique = {}
-    for r in records:
-        unique[_key(r['task'], r['init'], (r['kind'], r['weight']), r['seed'], r['iters'],
-                    r['operator'])] = r
-    return list(unique.values())
-
-
-def _key(task: str, init: str, setting: Setting, seed: int, iters: int,
-         operator: str) -> tuple:
-    return (task, init, setting[0], float(setting[1]), int(seed), int(iters), operator)
-
-
-def summarise(results: Sequence[dict], settings: Sequence[Setting], inits: Sequence[str],
-              teachers: Dict[str, dict]) -> str:
-    """Markdown: per task a table (init x setting, mean +- std over seeds) and the regret
-    table (per setting and task: mean over inits of best-of-init minus this setting)."""
-    metric = {'digits': 'held-out accuracy (%)', 'scenes': 'validation mIoU (%)'}
-    lines: List[str] = []
-    regrets: Dict[str, Dict[Setting, float]] = {}
-    tasks = [t for t in ('digits', 'scenes') if any(r['task'] == t for r in results)]
-    for task in tasks:
-        cell: Dict[Tuple[str, Setting], List[float]] = {}
-        for r in results:
-            if r['task'] == task:
-                cell.setdefault((r['init'], (r['kind'], float(r['weight']))), []).append(
-                    r['score'])
-        seeds = sorted({r['seed'] for r in results if r['task'] == task})
-        iters = sorted({r['iters'] for r in results if r['task'] == task})
-        operators = sorted({r['operator'] for r in results if r['task'] == task})
-        teacher = teachers.get(task, {})
-        lines.append(f'\n### {task}: {metric[task]}, mean +- std over seeds {seeds} '
-                     f'({"/".join(operators)} students, {"/".join(map(str, iters))} '
-                     f'iterations)')
-        if teacher:
-            ms = teacher.get('teacher_attn_mean_square', [])
-            lines.append(f'softmax teacher: {teacher["teacher_score"]:.2f}; teacher attention-'
-                         f'output mean square per block: '
-                         f'{", ".join(f"{v:.4g}" for v in ms)}\n')
-        lines.append('| init | ' + ' | '.join(setting_label(s) for s in settings) + ' |')
-        lines.append('|---' * (len(settings) + 1) + '|')
-        best_of_init = {}
-        for init in inits:
-            means = {s: float(np.mean(cell[(init, s)])) for s in settings if (init, s) in cell}
-            best_of_init[init] = max(means.values()) if means else float('nan')
-            row = []
-            for s in settings:
-                values = cell.get((init, s))
-                if not values:
-                    row.append('-')
-                    continue
-                text = f'{np.mean(values):.1f} +- {np.std(values):.1f}'
-                row.append(f'**{text}**' if means[s] == best_of_init[init] else text)
-            lines.append(f'| {INIT_LABELS[init]} | ' + ' | '.join(row) + ' |')
-        regrets[task] = {}
-        for s in settings:
-            gaps = [best_of_init[i] - np.mean(cell[(i, s)]) for i in inits if (i, s) in cell]
-            if len(gaps) == len(inits):
-                regrets[task][s] = float(np.mean(gaps))
-    if regrets:
-        lines.append('\n### regret: mean over inits of (best setting of that init - this '
-                     'setting), points; lower is better')
-        lines.append('| setting | ' + ' | '.join(tasks) + ' | worst task |')
-        lines.append('|---' * (len(tasks) + 2) + '|')
-        worst = {}
-        for s in settings:
-            values = [regrets[t].get(s) for t in tasks]
-            if any(v is None for v in values):
-                continue
-            worst[s] = max(values)
-            lines.append(f'| {setting_label(s)} | ' + ' | '.join(f'{v:.2f}' for v in values) +
-                         f' | {worst[s]:.2f} |')
-        if worst:
-            best = min(worst, key=worst.get)
-            lines.append(f'\nsetting with the smallest worst-task regret: '
-                         f'**{setting_label(best)}** ({worst[best]:.2f} points)')
-    return '\n'.join(lines) + '\n'
-
-
+# ----------------------------------------------------------------------------- main
 def main(argv: Optional[List[str]] = None) -> str:
     """Runs the sweep (resuming from ``results.jsonl``); returns the markdown tables."""
     args = parse_args(argv)
@@ -525,13 +259,12 @@ def main(argv: Optional[List[str]] = None) -> str:
     os.makedirs(work_dir, exist_ok=True)
     results_file = osp.join(work_dir, 'results.jsonl')
     settings = settings_of(args)
-    done = {_key(r['task'], r['init'], (r['kind'], r['weight']), r['seed'], r['iters'],
-                 r['operator']) for r in load_results(results_file)}
+    done = {record_key(r) for r in load_results(results_file)}
     teachers: Dict[str, dict] = {}
     for task in args.tasks:
         start = time.time()
         if task == 'digits':
-            data = prepare_digits(plan)
+            data = prepare_digits(plan['digits_student_train'], plan['digits_teacher_epochs'])
             teachers[task] = dict(teacher_score=data['teacher_score'],
                                   teacher_attn_mean_square=data['teacher_attn_mean_square'])
         else:
@@ -543,13 +276,13 @@ def main(argv: Optional[List[str]] = None) -> str:
         for seed in args.seeds:
             for init in args.inits:
                 for setting in settings:
-                    if _key(task, init, setting, seed, plan[f'{task}_iters'],
-                            args.operator) in done:
+                    if run_key(task, init, setting, seed, plan[f'{task}_iters'],
+                               args.operator) in done:
                         continue
                     start = time.time()
                     if task == 'digits':
-                        out = run_digits(data, init, setting, seed, args.operator,
-                                         plan['digits_iters'], plan['batch'])
+                        out = run_digits(data, init, build_distill_loss(setting), seed,
+                                         args.operator, plan['digits_iters'], plan['batch'])
                     else:
                         out = run_scenes(data, init, setting, seed, args.operator,
                                          plan['scenes_iters'], plan['scenes_batch'], work_dir)

@@ -37,10 +37,10 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from mmlinvit.analysis import (REAL_PHOTOS, activation_similarity_maps,  # noqa: E402
-                               center_crop_resize, compare_teacher_student, load_photo,
-                               query_attention_maps, save_teacher_student_figure,
-                               upsample_map)
+from mmlinvit.analysis import (COMPARED_MODELS, REAL_PHOTOS, ComparedModel,  # noqa: E402
+                               activation_similarity_maps, center_crop_resize,
+                               compare_teacher_student, load_photo, query_attention_maps,
+                               save_teacher_student_figure, upsample_map)
 from mmlinvit.backbones import VisionTransformer  # noqa: E402
 from mmlinvit.converters import load_pretrained  # noqa: E402
 from mmlinvit.utils.benchmarking import parse_size  # noqa: E402
@@ -48,14 +48,9 @@ from mmlinvit.utils.benchmarking import parse_size  # noqa: E402
 ADVENTURER_FILE = os.path.join(ROOT, 'mmlinvit', 'backbones', 'adventurer.py')
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-#: name -> (label, ViT arch, family, Adventurer arch)
-MODELS = {
-    'vit-b16': ('ViT-B/16', 'b', 'deit', 'b'),
-    'vit-l14': ('ViT-L/14', 'l', 'dinov2', 'l'),
-    'tiny': ('tiny/16', dict(embed_dims=32, num_layers=2, num_heads=2, mlp_hidden_dims=64),
-             'deit', dict(embed_dims=32, num_layers=2)),
-}
-TINY_ADVENTURER_MIXER = dict(d_state=16, headdim=16)
+MODELS = dict(COMPARED_MODELS, tiny=ComparedModel(
+    'tiny/16', dict(embed_dims=32, num_layers=2, num_heads=2, mlp_hidden_dims=64), 'deit',
+    dict(embed_dims=32, num_layers=2), adventurer_mixer=dict(d_state=16, headdim=16)))
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -127,13 +122,13 @@ def to_tensor(img: np.ndarray) -> torch.Tensor:
 
 
 def build_vits(args: argparse.Namespace) -> Tuple[VisionTransformer, List[VisionTransformer]]:
-    _, arch, family, _ = MODELS[args.model]
-    teacher = VisionTransformer(arch, family=family, attn_cfg='softmax').eval()
+    pair = MODELS[args.model]
+    teacher = pair.build_vit('softmax').eval()
     if args.teacher_ckpt:
         load_pretrained(teacher, args.teacher_ckpt, layout=args.checkpoint_layout)
     students = []
     for i, op in enumerate(args.students):
-        student = VisionTransformer(arch, family=family, attn_cfg=op).eval()
+        student = pair.build_vit(op).eval()
         if args.student_ckpt:
             ckpt = args.student_ckpt[0 if len(args.student_ckpt) == 1 else i]
             load_pretrained(student, ckpt, layout=args.checkpoint_layout)
@@ -147,12 +142,9 @@ def build_vits(args: argparse.Namespace) -> Tuple[VisionTransformer, List[Vision
 
 
 def build_adventurer(args: argparse.Namespace, patch_size: int) -> torch.nn.Module:
-    from mmlinvit.backbones.adventurer import Adventurer
-    _, _, _, adv_arch = MODELS[args.model]
-    mixer_cfg = TINY_ADVENTURER_MIXER if args.model == 'tiny' else None
-    model = Adventurer(adv_arch, patch_size=patch_size, mixer_cfg=mixer_cfg,
-                       with_mask_token=args.adventurer_ckpt is None,
-                       pretrained=args.adventurer_ckpt)
+    model = MODELS[args.model].build_adventurer(patch_size,
+                                                with_mask_token=args.adventurer_ckpt is None,
+                                                pretrained=args.adventurer_ckpt)
     model.init_weights()
     return model.eval()
 
@@ -244,7 +236,7 @@ def main(argv: Optional[List[str]] = None) -> str:
         }))
     weights = 'random weights' if not (args.teacher_ckpt or args.student_ckpt) else 'checkpoints'
     size = f'{pictures[0].shape[0]}x{pictures[0].shape[1]}'
-    title = (f'{MODELS[args.model][0]}, {size}, {head_text}, {weights}; overlays: attention of '
+    title = (f'{MODELS[args.model].label}, {size}, {head_text}, {weights}; overlays: attention of '
              f'the query patch to every patch')
     render(pictures, captions, columns, layers, query, patch, args.out, title)
     print(f'saved {args.out}')
@@ -252,7 +244,7 @@ def main(argv: Optional[List[str]] = None) -> str:
         cmp = compare_teacher_student(teacher, students[0], images, query, layer=layers[-1])
         save_teacher_student_figure(
             args.compare_out, pictures, captions, cmp, patch,
-            title=f'{MODELS[args.model][0]}: softmax teacher vs {args.students[0]} student '
+            title=f'{MODELS[args.model].label}: softmax teacher vs {args.students[0]} student '
             f'({weights})')
         print(f'saved {args.compare_out}')
     return args.out

@@ -19,23 +19,21 @@ import torch
 
 from mmlinvit.converters import (UntrustedCheckpointError, convert_state_dict, layout_names,
                                  load_checkpoint_file)
+from mmlinvit.utils.cli import add_trust_checkpoint_argument, checkpoint_io_parser
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     """Command-line arguments."""
-    parser = argparse.ArgumentParser(
-        description='Convert a ViT checkpoint into the canonical mmlinvit layout.')
-    parser.add_argument('src', help='source checkpoint (.pth / .pt / .safetensors)')
-    parser.add_argument('dst', help='output checkpoint path')
+    parser = checkpoint_io_parser('Convert a ViT checkpoint into the canonical mmlinvit layout.',
+                                  ('src', 'source checkpoint (.pth / .pt / .safetensors)'),
+                                  ('dst', 'output checkpoint path'))
     parser.add_argument('--layout', default='auto', choices=layout_names(),
                         help='source layout (default: detect it)')
     parser.add_argument('--keep-projection', action='store_true',
                         help='openai_clip: keep the image projection in extras["proj"]')
     parser.add_argument('--no-embed-class', choices=('true', 'false'), default=None,
                         help='timm: whether pos_embed excludes the prefix tokens (default: infer)')
-    parser.add_argument('--trust-checkpoint', action='store_true',
-                        help='allow a full unpickle of a file that holds Python objects '
-                             '(runs code from the file: only for trusted files)')
+    add_trust_checkpoint_argument(parser)
     return parser.parse_args(argv)
 
 

@@ -22,6 +22,7 @@ import torch
 
 from mmlinvit.converters import (STUDENT_PREFIXES, UntrustedCheckpointError,
                                  load_checkpoint_file, select_backbone)
+from mmlinvit.utils.cli import checkpoint_io_parser
 
 
 def select_student_backbone(
@@ -50,15 +51,11 @@ def select_student_backbone(
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     """Command-line arguments."""
-    parser = argparse.ArgumentParser(
-        description='Export the student backbone of a distillation checkpoint.')
-    parser.add_argument('src', help='distillation checkpoint (runner epoch_N.pth / iter_N.pth)')
-    parser.add_argument('dst', help='output weights file')
-    parser.add_argument('--trust-checkpoint', action='store_true',
-                        help='allow a full unpickle of a runner checkpoint (it holds training '
-                             'state besides tensors; runs code from the file: only for '
-                             'trusted files)')
-    return parser.parse_args(argv)
+    return checkpoint_io_parser(
+        'Export the student backbone of a distillation checkpoint.',
+        ('src', 'distillation checkpoint (runner epoch_N.pth / iter_N.pth)'),
+        ('dst', 'output weights file'),
+        trust='a runner checkpoint, which holds training state besides tensors').parse_args(argv)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
