@@ -140,17 +140,35 @@ class Mamba2Mixer(nn.Module):
             dt = dt.clamp(min=low, max=high)
         return dt
 
+    def _in_proj_rows(self, part: int) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Weight rows (and bias) of ``in_proj`` for part 0 (z), 1 (xBC) or 2 (dt)."""
+        rows = (self.d_inner, self.d_inner + 2 * self.ngroups * self.d_state, self.nheads)
+        weight = torch.split(self.in_proj.weight, rows)[part]
+        bias = self.in_proj.bias
+        return weight, (None if bias is None else torch.split(bias, rows)[part])
+
     def forward(self, u: torch.Tensor) -> torch.Tensor:
-        """Mixes tokens u (B, L, d_model) causally along L; returns (B, L, d_model)."""
+        """Mixes tokens u (B, L, d_model) causally along L; returns (B, L, d_model).
+
+        Without autograd (``torch.no_grad`` / ``inference_mode``) the SiLU and the gated norm
+        run in place on this call's own buffers (same values, less peak memory).
+        """
         if u.ndim != 3 or u.shape[-1] != self.d_model:
             raise ValueError(f'Mamba2Mixer expects (batch, L, {self.d_model}), got '
                              f'{tuple(u.shape)}')
         batch, length, _ = u.shape
         gn = self.ngroups * self.d_state
-        z, xbc, dt_raw = torch.split(self.in_proj(u), [self.d_inner, self.d_inner + 2 * gn,
-                                                       self.nheads], dim=-1)
-        xbc = self.conv1d(xbc.transpose(1, 2))[..., :length]  # causal: drop the right pad
-        xbc = F.silu(xbc).transpose(1, 2)
+        # in_proj part by part: xBC channels-first (the conv's layout, no transposed copy,
+        # freed after the conv), dt, and the gate z only after the scan (not alive during it).
+        w_xbc, b_xbc = self._in_proj_rows(1)
+        xbc_t = torch.matmul(w_xbc, u.transpose(1, 2))
+        if b_xbc is not None:
+            xbc_t = xbc_t + b_xbc[:, None]
+        dt_raw = F.linear(u, *self._in_proj_rows(2))
+        xbc_t = self.conv1d(xbc_t)[..., :length]  # causal: drop the right pad
+        inference = not torch.is_grad_enabled()
+        xbc = F.silu(xbc_t, inplace=inference).transpose(1, 2)
+        del xbc_t
         x, b, c = torch.split(xbc, [self.d_inner, gn, gn], dim=-1)
         y = ssd_scan(
             x.reshape(batch, length, self.nheads, self.headdim),
@@ -162,7 +180,9 @@ class Mamba2Mixer(nn.Module):
             chunk_size=self.chunk_size,
             backend=self.ssd_backend,
             chunks_per_step=self.chunks_per_step)
-        y = self.norm(y.reshape(batch, length, self.d_inner), z)
+        del xbc, x, b, c
+        z = F.linear(u, *self._in_proj_rows(0))
+        y = self.norm(y.reshape(batch, length, self.d_inner), z, consume=inference)
         return self.out_proj(y)
 
     def extra_repr(self) -> str:

@@ -6,6 +6,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
+#: Rows (tokens) normalised at once by the in-place path (bounds its x^2 temporary).
+IN_PLACE_ROWS = 256
+
+
 def _rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
     """x / sqrt(mean(x^2) + eps) over the last dim, computed in fp32 (at least)."""
     x32 = x.to(torch.promote_types(x.dtype, torch.float32))
@@ -63,8 +67,21 @@ class GatedRMSNorm(RMSNorm):
         self.group_size = group_size
         self.norm_before_gate = norm_before_gate
 
-    def forward(self, x: torch.Tensor, z: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Normalises ``x`` (..., dims), gated by ``z`` (same shape) when given."""
+    def forward(self,
+                x: torch.Tensor,
+                z: Optional[torch.Tensor] = None,
+                consume: bool = False) -> torch.Tensor:
+        """Normalises ``x`` (..., dims), gated by ``z`` (same shape) when given.
+
+        Args:
+            x: Input (..., dims).
+            z: Optional gate, the shape of ``x``.
+            consume: ``x`` and ``z`` are the caller's temporaries and may be overwritten:
+                without autograd the gate, normalisation and weight are applied in place
+                (same values, no extra full-size buffers).  Ignored under autograd.
+        """
+        if consume and not torch.is_grad_enabled():
+            return self._forward_in_place(x, z)
         dtype = x.dtype
         acc = torch.promote_types(dtype, torch.float32)
         x = x.to(acc)
@@ -75,6 +92,23 @@ class GatedRMSNorm(RMSNorm):
         y = y * self.weight
         if z is not None and self.norm_before_gate:
             y = y * F.silu(z.to(acc))
+        return y.to(dtype)
+
+    def _forward_in_place(self, x: torch.Tensor, z: Optional[torch.Tensor]) -> torch.Tensor:
+        """:meth:`forward` overwriting ``x`` (or its fp32 copy) and ``z`` (no autograd)."""
+        dtype = x.dtype
+        acc = torch.promote_types(dtype, torch.float32)
+        y = x.to(acc).contiguous()
+        gate = None if z is None else F.silu(z.to(acc), inplace=True)
+        if gate is not None and not self.norm_before_gate:
+            y.mul_(gate)
+        rows = y.view(-1, y.shape[-1] // self.group_size, self.group_size)
+        for start in range(0, rows.shape[0], IN_PLACE_ROWS):  # bounded mean-square temporaries
+            g = rows[start:start + IN_PLACE_ROWS]
+            g.mul_(torch.rsqrt(g.pow(2).mean(dim=-1, keepdim=True) + self.eps))
+        y.mul_(self.weight)
+        if gate is not None and self.norm_before_gate:
+            y.mul_(gate)
         return y.to(dtype)
 
     def extra_repr(self) -> str:

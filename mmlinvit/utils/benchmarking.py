@@ -135,6 +135,15 @@ def proc_status_mib(key: str) -> float:
     raise RuntimeError(f'{key} not found in /proc/self/status (this needs Linux)')
 
 
+#: Environment of a memory-measuring CPU subprocess: glibc serves every allocation of 1 MiB or
+#: more with its own mapping and unmaps it when freed.  By default the threshold moves up to
+#: 32 MiB after the first large frees, and freed tensors then stay resident in the heap, so
+#: peak RSS measured the allocator's history (the same model read 238-286 MiB in repeated
+#: runs) rather than the memory the call needs; with the fixed threshold it tracks live
+#: tensors (repeat runs within ~2 MiB).
+EXACT_RSS_ENV = {'MALLOC_MMAP_THRESHOLD_': str(1 << 20)}
+
+
 class CpuPeakMemory:
     """Peak RSS of one call above the RSS just before it (Linux).
 
@@ -160,6 +169,8 @@ class CpuPeakMemory:
         """How the memory was measured, for the tools' reports."""
         where = 'fresh subprocess per case' if self.fresh_process else \
             'all cases in one process (--cpu-memory inprocess)'
+        if os.environ.get('MALLOC_MMAP_THRESHOLD_') == EXACT_RSS_ENV['MALLOC_MMAP_THRESHOLD_']:
+            where += ', allocations >= 1 MiB mapped and unmapped on their own (EXACT_RSS_ENV)'
         if self.can_reset:
             return (f'{where}; peak RSS (VmHWM, reset via /proc/self/clear_refs) '
                     'during the call minus RSS before it, after malloc_trim')

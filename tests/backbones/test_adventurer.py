@@ -316,3 +316,42 @@ def test_memory_stays_linear_in_tokens():
         model(x)
     n = 32 * 32 + 2
     assert mode.max_numel < n * n // 4
+
+
+def test_inference_path_gives_the_autograd_path_values():
+    """Without autograd the mixer, gated norm and SwiGLU run in place and the SSD scan in
+    bounded steps; the values are those of the autograd path, to the bit."""
+    from mmlinvit.ops.ssd import torch_impl
+    model = tiny(arch=dict(embed_dims=32, num_layers=2),
+                 mixer_cfg=dict(TINY_MIXER, norm_before_gate=False))
+    x = torch.randn(2, 3, 64, 80)
+    with torch.enable_grad():
+        want = model(x)[0]
+    assert want.requires_grad
+    old = torch_impl.INFERENCE_STEP_BYTES
+    torch_impl.INFERENCE_STEP_BYTES = 1  # one chunk per step
+    try:
+        with torch.no_grad():
+            got = model(x)[0]
+        with torch.inference_mode():
+            got_inference = model(x)[0]
+    finally:
+        torch_impl.INFERENCE_STEP_BYTES = old
+    torch.testing.assert_close(got, want.detach(), rtol=0, atol=0)
+    torch.testing.assert_close(got_inference, want.detach(), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize('norm_before_gate', [False, True])
+def test_gated_norm_in_place_matches_and_leaves_other_inputs_alone(norm_before_gate):
+    from mmlinvit.layers.norm import GatedRMSNorm
+    norm = GatedRMSNorm(24, group_size=8, norm_before_gate=norm_before_gate)
+    torch.nn.init.normal_(norm.weight)
+    x, z = torch.randn(2, 300, 24), torch.randn(2, 300, 24)
+    want = norm(x, z)
+    with torch.no_grad():
+        kept = norm(x, z, consume=False)
+        assert torch.equal(kept, want)
+        got = norm(x.clone(), z.clone(), consume=True)
+        half = norm(x.bfloat16(), z.bfloat16(), consume=True)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    torch.testing.assert_close(half, norm(x.bfloat16(), z.bfloat16()), rtol=0, atol=0)

@@ -9,8 +9,10 @@ and earlier peaks never leak between cases.  Inside a case:
   (``echo 5 > /proc/self/clear_refs``, which sets VmHWM to the current VmRSS), the forwards
   run, and the reported number is ``VmHWM - VmRSS_before``: the largest extra resident
   memory any forward needed (activations, temporaries, allocator overhead), weights and
-  input excluded.  Linux only; the script stops with an error where the counter cannot be
-  reset.
+  input excluded.  The subprocesses run with ``EXACT_RSS_ENV`` (glibc maps every allocation
+  of 1 MiB or more on its own and unmaps it when freed), so the resident peak is that of the
+  live tensors, not of the allocator's history.  Linux only; the script stops with an error
+  where the counter cannot be reset.
 
 Usage::
 
@@ -26,7 +28,7 @@ import sys
 import time
 from typing import Dict, List, Tuple
 
-from mmlinvit.utils.benchmarking import parse_size
+from mmlinvit.utils.benchmarking import EXACT_RSS_ENV, parse_size
 
 MODELS = ('adventurer', 'vit')
 LABELS = {'adventurer': 'Adventurer-B/16', 'vit': 'ViT-B/16 (softmax, DeiT)'}
@@ -94,6 +96,7 @@ def spawn_case(model_name: str, size: Tuple[int, int], args: argparse.Namespace)
     env = dict(os.environ)
     env['PYTHONPATH'] = repo + (os.pathsep + env['PYTHONPATH'] if env.get('PYTHONPATH') else '')
     env['OMP_NUM_THREADS'] = str(args.threads)
+    env.update(EXACT_RSS_ENV)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f'case {model_name} {size} failed:\n{proc.stderr[-3000:]}')

@@ -17,7 +17,9 @@ Timing: median over ``--repeats`` calls after the first (measuring) call, stoppe
   freed heap memory is handed back (``malloc_trim``) and the kernel's peak-RSS mark is reset
   (``/proc/self/clear_refs`` = 5); memory = peak RSS (``VmHWM``) during the call minus RSS just
   before it (weights and inputs excluded, output included).  Lazily loaded kernels and thread
-  pools are made resident first by a warm-up call on a 2 x 2 patch grid.
+  pools are made resident first by a warm-up call on a 2 x 2 patch grid.  The subprocesses run
+  with ``EXACT_RSS_ENV`` (glibc maps allocations of 1 MiB or more on their own), so the peak is
+  that of the live tensors rather than of the allocator's history.
 * CUDA: ``torch.cuda.max_memory_allocated`` during the call minus the allocation before it,
   all cases in this process.
 
@@ -57,7 +59,7 @@ sys.path.insert(0, ROOT)
 
 from mmlinvit.analysis import (ANALYTIC_OPERATORS, COMPARED_MODELS,  # noqa: E402
                                FLOP_CONVENTION, ComparedModel, FlopCounter, analytic_vit_flops)
-from mmlinvit.utils.benchmarking import (CpuPeakMemory, cuda_peak_memory,  # noqa: E402
+from mmlinvit.utils.benchmarking import (EXACT_RSS_ENV, CpuPeakMemory, cuda_peak_memory,  # noqa: E402
                                          parse_size, print_table, size_label, synchronize,
                                          timed_calls)
 
@@ -227,7 +229,7 @@ def run_case_subprocess(args: argparse.Namespace, model_key: str, operator: str,
                 dtype=args.dtype, repeats=repeats, max_seconds=args.max_seconds,
                 threads=args.threads, compile=args.compile)
     cmd = [sys.executable, os.path.abspath(__file__), '--child', json.dumps(spec)]
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), **EXACT_RSS_ENV)
     env['PYTHONPATH'] = os.pathsep.join(filter(None, [ROOT, env.get('PYTHONPATH')]))
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
