@@ -19,6 +19,7 @@ import json
 import math
 import os
 import statistics
+import subprocess
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -135,13 +136,54 @@ def proc_status_mib(key: str) -> float:
     raise RuntimeError(f'{key} not found in /proc/self/status (this needs Linux)')
 
 
-#: Environment of a memory-measuring CPU subprocess: glibc serves every allocation of 1 MiB or
-#: more with its own mapping and unmaps it when freed.  By default the threshold moves up to
-#: 32 MiB after the first large frees, and freed tensors then stay resident in the heap, so
-#: peak RSS measured the allocator's history (the same model read 238-286 MiB in repeated
-#: runs) rather than the memory the call needs; with the fixed threshold it tracks live
-#: tensors (repeat runs within ~2 MiB).
+#: Environment of a CPU subprocess that measures memory (and nothing else): glibc serves every
+#: allocation of 1 MiB or more with its own mapping and unmaps it when freed.  By default the
+#: threshold moves up to 32 MiB after the first large frees, and freed tensors then stay
+#: resident in the heap, so peak RSS measured the allocator's history (one model read 238-286
+#: MiB in repeated runs) rather than the memory the call needs; with the fixed threshold it
+#: tracks live tensors (repeated runs within ~2 MiB).  Fresh mappings cost page faults on
+#: every large allocation, so time in another process with the default allocator.
 EXACT_RSS_ENV = {'MALLOC_MMAP_THRESHOLD_': str(1 << 20)}
+
+
+def exact_rss() -> bool:
+    """Whether this process runs with :data:`EXACT_RSS_ENV`."""
+    return all(os.environ.get(k) == v for k, v in EXACT_RSS_ENV.items())
+
+
+def run_json_child(cmd: List[str], threads: int, root: str, exact_memory: bool = False,
+                   timeout: Optional[float] = None) -> Dict[str, Any]:
+    """Runs a benchmark case in a fresh interpreter and parses the JSON of its last stdout line.
+
+    Args:
+        cmd: The command (``sys.executable``, the tool and its case arguments).
+        threads: ``OMP_NUM_THREADS`` of the child.
+        root: Put first on the child's ``PYTHONPATH`` (the repository).
+        exact_memory: Start the child with :data:`EXACT_RSS_ENV` (memory-only children).
+        timeout: Seconds before the child is killed (``subprocess.TimeoutExpired``).
+
+    Raises:
+        RuntimeError: The child failed; the message ends with its last stderr line.
+    """
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), **(EXACT_RSS_ENV if exact_memory else {}))
+    env['PYTHONPATH'] = os.pathsep.join(filter(None, [root, env.get('PYTHONPATH')]))
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    if proc.returncode != 0:
+        tail = proc.stderr.strip().splitlines()[-1:] or ['(no stderr)']
+        raise RuntimeError(f'exit {proc.returncode}: {tail[0]}')
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def merge_results(parts: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
+    """One result from the results of a case's phases (nested dicts merged key by key)."""
+    merged: Dict[str, Any] = {}
+    for part in parts:
+        for key, value in part.items():
+            if isinstance(value, dict) and isinstance(merged.get(key), dict):
+                merged[key] = {**merged[key], **value}
+            else:
+                merged[key] = value
+    return merged
 
 
 class CpuPeakMemory:
@@ -152,6 +194,9 @@ class CpuPeakMemory:
     (``VmHWM``) after the call minus the RSS (``VmRSS``) before it: memory already resident
     (weights, inputs) is excluded, the call's output included.  Where ``clear_refs`` is not
     writable the peak mark cannot be reset, and :attr:`method` says so.
+
+    Run it in a process started with :data:`EXACT_RSS_ENV` for the peak of the live
+    allocations (:attr:`method` says whether it was).
 
     Args:
         fresh_process: Whether every measured case runs in a fresh interpreter (only named in
@@ -169,7 +214,7 @@ class CpuPeakMemory:
         """How the memory was measured, for the tools' reports."""
         where = 'fresh subprocess per case' if self.fresh_process else \
             'all cases in one process (--cpu-memory inprocess)'
-        if os.environ.get('MALLOC_MMAP_THRESHOLD_') == EXACT_RSS_ENV['MALLOC_MMAP_THRESHOLD_']:
+        if exact_rss():
             where += ', allocations >= 1 MiB mapped and unmapped on their own (EXACT_RSS_ENV)'
         if self.can_reset:
             return (f'{where}; peak RSS (VmHWM, reset via /proc/self/clear_refs) '

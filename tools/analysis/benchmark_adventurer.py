@@ -9,10 +9,11 @@ and earlier peaks never leak between cases.  Inside a case:
   (``echo 5 > /proc/self/clear_refs``, which sets VmHWM to the current VmRSS), the forwards
   run, and the reported number is ``VmHWM - VmRSS_before``: the largest extra resident
   memory any forward needed (activations, temporaries, allocator overhead), weights and
-  input excluded.  The subprocesses run with ``EXACT_RSS_ENV`` (glibc maps every allocation
-  of 1 MiB or more on its own and unmaps it when freed), so the resident peak is that of the
-  live tensors, not of the allocator's history.  Linux only; the script stops with an error
-  where the counter cannot be reset.
+  input excluded.  Memory is measured after the timed forwards, on one more forward, with
+  glibc's mmap threshold fixed at 1 MiB (``CpuPeakMemory``: every allocation of 1 MiB or more
+  mapped on its own and unmapped when freed), so the resident peak is that of the live
+  tensors, not of the allocator's history.  Linux only; the script stops with an error where
+  the counter cannot be reset.
 
 Usage::
 
@@ -22,40 +23,21 @@ Usage::
 import argparse
 import json
 import os
-import re
-import subprocess
 import sys
 import time
 from typing import Dict, List, Tuple
 
-from mmlinvit.utils.benchmarking import EXACT_RSS_ENV, parse_size
+from mmlinvit.utils.benchmarking import (CpuPeakMemory, merge_results, parse_size,
+                                         run_json_child)
 
 MODELS = ('adventurer', 'vit')
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LABELS = {'adventurer': 'Adventurer-B/16', 'vit': 'ViT-B/16 (softmax, DeiT)'}
 
 
-def read_status_kb(field: str) -> int:
-    """A ``VmRSS`` / ``VmHWM`` line of /proc/self/status, in KiB."""
-    with open('/proc/self/status') as f:
-        match = re.search(rf'^{field}:\s+(\d+) kB', f.read(), re.MULTILINE)
-    if match is None:
-        raise RuntimeError(f'/proc/self/status has no {field} line; this needs Linux')
-    return int(match.group(1))
-
-
-def reset_peak_rss() -> None:
-    """Sets VmHWM to the current VmRSS (Linux >= 4.0); raises if that is not allowed."""
-    try:
-        with open('/proc/self/clear_refs', 'w') as f:
-            f.write('5')
-    except OSError as err:
-        raise RuntimeError('cannot reset the peak-RSS counter (/proc/self/clear_refs); this '
-                           'benchmark measures memory that way and needs Linux') from err
-
-
 def run_case(model_name: str, size: Tuple[int, int], repeats: int, warmup: int, threads: int,
-             chunk_size: int, chunks_per_step: int) -> Dict[str, float]:
-    """Builds one model, measures it, returns the numbers (runs inside the subprocess)."""
+             chunk_size: int, chunks_per_step: int, phase: str) -> Dict[str, float]:
+    """Builds one model, measures its memory or its time (runs inside the subprocess)."""
     import torch
 
     torch.set_num_threads(threads)
@@ -70,37 +52,37 @@ def run_case(model_name: str, size: Tuple[int, int], repeats: int, warmup: int, 
         model = VisionTransformer('b', family='deit')
     model.eval()
     x = torch.randn(1, 3, *size)
-    reset_peak_rss()
-    rss_before = read_status_kb('VmRSS')
+    memory = CpuPeakMemory()
+    if not memory.can_reset:
+        raise RuntimeError('cannot reset the peak-RSS counter (/proc/self/clear_refs); this '
+                           'benchmark needs Linux with a writable /proc')
     with torch.inference_mode():
         for _ in range(warmup):
             model(x)
+        if phase == 'memory':
+            return dict(peak_mib=memory.measure(lambda: model(x))[0])
         start = time.perf_counter()
         for _ in range(repeats):
             model(x)
         elapsed = time.perf_counter() - start
-    peak = read_status_kb('VmHWM')
-    return dict(img_per_s=repeats / elapsed, peak_mib=(peak - rss_before) / 1024,
-                sec_per_img=elapsed / repeats)
+    return dict(img_per_s=repeats / elapsed, sec_per_img=elapsed / repeats)
 
 
 def spawn_case(model_name: str, size: Tuple[int, int], args: argparse.Namespace) -> Dict:
-    """Runs :func:`run_case` in a fresh interpreter and parses its JSON line."""
-    cmd = [
-        sys.executable, os.path.abspath(__file__), '--worker', model_name, '--sizes',
-        f'{size[0]}x{size[1]}', '--repeats', str(args.repeats), '--warmup', str(args.warmup),
-        '--threads', str(args.threads), '--chunk-size', str(args.chunk_size),
-        '--chunks-per-step', str(args.chunks_per_step)
-    ]
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ)
-    env['PYTHONPATH'] = repo + (os.pathsep + env['PYTHONPATH'] if env.get('PYTHONPATH') else '')
-    env['OMP_NUM_THREADS'] = str(args.threads)
-    env.update(EXACT_RSS_ENV)
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
-        raise RuntimeError(f'case {model_name} {size} failed:\n{proc.stderr[-3000:]}')
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    """Runs :func:`run_case` in fresh interpreters: memory (``EXACT_RSS_ENV``), then time."""
+    parts = []
+    for phase in ('memory', 'time'):
+        cmd = [
+            sys.executable, os.path.abspath(__file__), '--worker', model_name, '--sizes',
+            f'{size[0]}x{size[1]}', '--repeats', str(args.repeats), '--warmup',
+            str(args.warmup), '--threads', str(args.threads), '--chunk-size',
+            str(args.chunk_size), '--chunks-per-step', str(args.chunks_per_step), '--phase', phase
+        ]
+        try:
+            parts.append(run_json_child(cmd, args.threads, REPO, phase == 'memory'))
+        except RuntimeError as err:
+            raise RuntimeError(f'case {model_name} {size} ({phase}) failed: {err}') from err
+    return merge_results(parts)
 
 
 def format_table(rows: List[Dict]) -> str:
@@ -128,24 +110,27 @@ def main() -> None:
     parser.add_argument('--chunk-size', type=int, default=256,
                         help='Adventurer SSD chunk size (256 = the model default)')
     parser.add_argument('--chunks-per-step', type=int, default=0,
-                        help='Adventurer scan: chunks vectorised together (0 = all, default)')
+                        help='Adventurer scan: chunks vectorised together (0 = the scan default: '
+                        'all with autograd, INFERENCE_STEP_BYTES-bounded steps without)')
     parser.add_argument('--worker', choices=MODELS, help=argparse.SUPPRESS)
+    parser.add_argument('--phase', choices=('memory', 'time'), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.repeats < 1 or args.warmup < 0:
         parser.error('--repeats must be >= 1 and --warmup >= 0')
 
     if args.worker:
         print(json.dumps(run_case(args.worker, args.sizes[0], args.repeats, args.warmup,
-                                  args.threads, args.chunk_size, args.chunks_per_step)))
+                                  args.threads, args.chunk_size, args.chunks_per_step,
+                                  args.phase)))
         return
 
     print(f'Adventurer-B/16 (Mamba-2, chunked PyTorch SSD scan, chunk {args.chunk_size}) vs '
           f'ViT-B/16 (softmax via torch SDPA), CPU, batch 1, fp32, torch.inference_mode')
     print(f'threads={args.threads} warmup={args.warmup} repeats={args.repeats} '
-          f'chunks_per_step={args.chunks_per_step or "all"}')
-    print('memory: peak extra resident memory during the forwards (VmHWM after reset via '
-          '/proc/self/clear_refs, minus VmRSS before; weights excluded), one fresh '
-          'subprocess per case')
+          f'chunks_per_step={args.chunks_per_step or "default"}')
+    print('memory: peak extra resident memory of one forward after the warm-up (VmHWM after '
+          'reset via /proc/self/clear_refs, minus VmRSS before; weights excluded), in a fresh '
+          'subprocess per case with EXACT_RSS_ENV; time in another with the default allocator')
     print('load average at start (1/5/15 min): %.2f %.2f %.2f' % os.getloadavg())
     rows = []
     for size in args.sizes:

@@ -17,9 +17,10 @@ Timing: median over ``--repeats`` calls after the first (measuring) call, stoppe
   freed heap memory is handed back (``malloc_trim``) and the kernel's peak-RSS mark is reset
   (``/proc/self/clear_refs`` = 5); memory = peak RSS (``VmHWM``) during the call minus RSS just
   before it (weights and inputs excluded, output included).  Lazily loaded kernels and thread
-  pools are made resident first by a warm-up call on a 2 x 2 patch grid.  The subprocesses run
-  with ``EXACT_RSS_ENV`` (glibc maps allocations of 1 MiB or more on their own), so the peak is
-  that of the live tensors rather than of the allocator's history.
+  pools are made resident first by a warm-up call on a 2 x 2 patch grid.  Memory is measured
+  in its own subprocess started with ``EXACT_RSS_ENV`` (glibc maps allocations of 1 MiB or more
+  on their own), so the peak is that of the live tensors rather than of the allocator's
+  history; the timings run in another subprocess with the default allocator.
 * CUDA: ``torch.cuda.max_memory_allocated`` during the call minus the allocation before it,
   all cases in this process.
 
@@ -50,7 +51,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -59,9 +60,9 @@ sys.path.insert(0, ROOT)
 
 from mmlinvit.analysis import (ANALYTIC_OPERATORS, COMPARED_MODELS,  # noqa: E402
                                FLOP_CONVENTION, ComparedModel, FlopCounter, analytic_vit_flops)
-from mmlinvit.utils.benchmarking import (EXACT_RSS_ENV, CpuPeakMemory, cuda_peak_memory,  # noqa: E402
-                                         parse_size, print_table, size_label, synchronize,
-                                         timed_calls)
+from mmlinvit.utils.benchmarking import (CpuPeakMemory, cuda_peak_memory,  # noqa: E402
+                                         merge_results, parse_size, print_table,
+                                         run_json_child, size_label, synchronize, timed_calls)
 
 ADVENTURER_FILE = os.path.join(ROOT, 'mmlinvit', 'backbones', 'adventurer.py')
 ADVENTURER = 'adventurer'
@@ -85,13 +86,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         help='default: float32 on CPU, bfloat16 on CUDA')
     parser.add_argument('--sizes', nargs='+', type=parse_size,
                         default=[parse_size(s) for s in DEFAULT_SIZES],
-                        help='input sizes, N or HxW (default: 224 512 512x1024 1024x1024 '
-                        '2048x2048)')
+                        help=f'input sizes, N or HxW (default: {" ".join(DEFAULT_SIZES)})')
     parser.add_argument('--operators', nargs='+', default=['elu', 'relu', 'inline', 'mhla'],
                         help='linear operators compared with softmax (always measured)')
-    parser.add_argument('--no-adventurer', action='store_true',
-                        help='skip Adventurer (included when mmlinvit/backbones/adventurer.py '
-                        'exists)')
+    parser.add_argument('--no-adventurer', action='store_true', help='skip Adventurer')
     parser.add_argument('--large', action='store_true',
                         help='also benchmark ViT-L/14 (DINOv2 family; slow on CPU)')
     parser.add_argument('--tiny', action='store_true',
@@ -184,8 +182,13 @@ def measure_compiled(model: torch.nn.Module, hw_pixels: Tuple[int, int], device:
 
 def measure_case(model_key: str, operator: str, hw_pixels: Tuple[int, int], scopes: List[str],
                  device: torch.device, dtype: torch.dtype, repeats: int, max_seconds: float,
-                 fresh_process: bool = True, compile_model: bool = False) -> Dict[str, object]:
-    """Time, peak memory and counted FLOPs of each scope of one (model, size, operator)."""
+                 fresh_process: bool = True, compile_model: bool = False,
+                 phases: Sequence[str] = ('memory', 'time')) -> Dict[str, object]:
+    """Time, peak memory and counted FLOPs of each scope of one (model, size, operator).
+
+    ``phases`` selects what is measured (the CPU subprocesses measure memory and time in two
+    processes, see :func:`run_case_subprocess`).
+    """
     patch = MODELS[model_key].patch_size
     grid = (hw_pixels[0] // patch, hw_pixels[1] // patch)
     model = build_backbone(model_key, operator, device, dtype)
@@ -204,17 +207,23 @@ def measure_case(model_key: str, operator: str, hw_pixels: Tuple[int, int], scop
                       backbone=lambda: backbone_callable(model, hw_pixels, device, dtype))
         for scope in scopes:
             fn = makers[scope]()
-            with FlopCounter() as counter:
+            result[scope] = {}
+            if 'memory' in phases:
                 if cpu_memory is not None:
                     mem, out = cpu_memory.measure(fn)
                 else:
                     mem, out = cuda_peak_memory(fn, device)
-            del out
-            times = timed_calls(fn, device, repeats, max_seconds)
-            result[scope] = dict(ms=statistics.median(times), calls=len(times), mib=mem,
-                                 gflops=counter.total / 1e9)
+                result[scope]['mib'] = mem
+                del out
+            if 'time' in phases:  # a counted first call, then the timed calls
+                with FlopCounter() as counter:
+                    out = fn()
+                del out
+                times = timed_calls(fn, device, repeats, max_seconds)
+                result[scope].update(ms=statistics.median(times), calls=len(times),
+                                     gflops=counter.total / 1e9)
             del fn
-    if compile_model:
+    if compile_model and 'time' in phases:
         result['compiled'] = measure_compiled(model, hw_pixels, device, dtype, repeats,
                                               max_seconds)
     if cpu_memory is not None:
@@ -224,24 +233,21 @@ def measure_case(model_key: str, operator: str, hw_pixels: Tuple[int, int], scop
 
 def run_case_subprocess(args: argparse.Namespace, model_key: str, operator: str,
                         hw: Tuple[int, int], repeats: int) -> Dict[str, object]:
-    """CPU: one fresh interpreter per case; returns its JSON result (or an error row)."""
-    spec = dict(model=model_key, operator=operator, size=list(hw), scopes=args.scopes,
-                dtype=args.dtype, repeats=repeats, max_seconds=args.max_seconds,
-                threads=args.threads, compile=args.compile)
-    cmd = [sys.executable, os.path.abspath(__file__), '--child', json.dumps(spec)]
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), **EXACT_RSS_ENV)
-    env['PYTHONPATH'] = os.pathsep.join(filter(None, [ROOT, env.get('PYTHONPATH')]))
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
-                              timeout=args.case_timeout)
-    except subprocess.TimeoutExpired:
-        return dict(model=MODELS[model_key].label, operator=operator, size=size_label(hw),
-                    error=f'timeout after {args.case_timeout:.0f} s')
-    if proc.returncode != 0:
-        tail = proc.stderr.strip().splitlines()[-1:] or ['(no stderr)']
-        return dict(model=MODELS[model_key].label, operator=operator, size=size_label(hw),
-                    error=f'exit {proc.returncode}: {tail[0]}')
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    """CPU: one fresh interpreter per case and phase (memory with ``EXACT_RSS_ENV``, then
+    time with the default allocator); returns the merged JSON result (or an error row)."""
+    parts = []
+    for phase in ('memory', 'time'):
+        spec = dict(model=model_key, operator=operator, size=list(hw), scopes=args.scopes,
+                    dtype=args.dtype, repeats=repeats, max_seconds=args.max_seconds,
+                    threads=args.threads, compile=args.compile, phase=phase)
+        cmd = [sys.executable, os.path.abspath(__file__), '--child', json.dumps(spec)]
+        try:
+            parts.append(run_json_child(cmd, args.threads, ROOT, phase == 'memory',
+                                        args.case_timeout))
+        except (RuntimeError, subprocess.TimeoutExpired) as err:
+            return dict(model=MODELS[model_key].label, operator=operator, size=size_label(hw),
+                        error=f'{phase}: {err}')
+    return merge_results(parts)
 
 
 def child_main(spec_json: str) -> None:
@@ -250,7 +256,7 @@ def child_main(spec_json: str) -> None:
     dtype = DTYPES[spec['dtype'] or 'float32']
     result = measure_case(spec['model'], spec['operator'], tuple(spec['size']), spec['scopes'],
                           torch.device('cpu'), dtype, spec['repeats'], spec['max_seconds'],
-                          compile_model=spec.get('compile', False))
+                          compile_model=spec['compile'], phases=(spec['phase'], ))
     print(json.dumps(result))
 
 
