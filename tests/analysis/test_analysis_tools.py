@@ -102,6 +102,44 @@ def test_visualize_attention_writes_png(tmp_path):
     assert out.read_bytes()[:8] == PNG_SIGNATURE
 
 
+def test_speed_ratios_interleave_the_models_and_divide_by_counted_flops(capsys):
+    """One process, round-robin calls: every model is called once per round after one counted
+    call, and the quotient is speed / FLOP ratio against the softmax row."""
+    tool = _load_tool('speed_ratios')
+    counts = {}
+    originals = {}
+
+    def counting(name):
+        def forward(self, *args, **kwargs):
+            counts[name] = counts.get(name, 0) + 1
+            return originals[name](self, *args, **kwargs)
+        return forward
+
+    build = tool.build_models
+
+    def build_counted(*args, **kwargs):
+        models = build(*args, **kwargs)
+        for name, model in models.items():
+            cls = type(name, (type(model), ), {})
+            originals[name] = type(model).forward
+            cls.forward = counting(name)
+            model.__class__ = cls
+        return models
+
+    tool.build_models = build_counted
+    rows = tool.main(['--model', 'tiny', '--sizes', '64', '--rounds', '3', '--threads', '1'])
+    assert [r['model'] for r in rows] == ['softmax', 'elu'] + (['adventurer'] if
+                                                              ADVENTURER_EXISTS else [])
+    assert all(n == 1 + 3 for n in counts.values()), counts  # counted call + 3 rounds
+    base = rows[0]
+    assert base['speed'] == base['flop'] == '1.00x' and base['quotient'] == '1.00'
+    for row in rows[1:]:
+        speed, flop = float(row['speed'][:-1]), float(row['flop'][:-1])
+        q, h = float(row['quotient']), 0.005  # all three printed to 2 decimals
+        assert (speed - h) / (flop + h) - h <= q <= (speed + h) / (flop - h) + h
+    assert 'interleaved rounds' in capsys.readouterr().out
+
+
 def test_benchmark_backbones_tiny_run_writes_png(tmp_path, capsys):
     tool = _load_tool('benchmark_backbones')
     rows = tool.main(['--tiny', '--sizes', '32', '64', '--operators', 'elu', '--repeats', '1',
