@@ -161,9 +161,12 @@ class Mamba2Mixer(nn.Module):
         # in_proj part by part: xBC channels-first (the conv's layout, no transposed copy,
         # freed after the conv), dt, and the gate z only after the scan (not alive during it).
         w_xbc, b_xbc = self._in_proj_rows(1)
-        xbc_t = torch.matmul(w_xbc, u.transpose(1, 2))
-        if b_xbc is not None:
-            xbc_t = xbc_t + b_xbc[:, None]
+        w_xbc = w_xbc.expand(batch, -1, -1)
+        if b_xbc is None:  # bmm writes a contiguous (B, conv_dim, L): the conv copies nothing
+            xbc_t = torch.bmm(w_xbc, u.transpose(1, 2))
+        else:
+            xbc_t = torch.baddbmm(b_xbc[:, None].expand(batch, -1, length), w_xbc,
+                                  u.transpose(1, 2))
         dt_raw = F.linear(u, *self._in_proj_rows(2))
         xbc_t = self.conv1d(xbc_t)[..., :length]  # causal: drop the right pad
         inference = not torch.is_grad_enabled()

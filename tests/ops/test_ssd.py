@@ -320,3 +320,18 @@ def test_inference_steps_bound_memory_without_changing_the_result(monkeypatch, d
     ref = ssd_scan_naive(*(t.double() for t in (x, dt, A, B, C, D)))
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(stepped.double(), ref, rtol=tol, atol=tol)
+
+
+def test_nonpositive_decay_fast_path_equals_the_masked_form():
+    """With every log decay <= 0 one clamp(FLOOR, 0) replaces the causal multiply + floor."""
+    from mmlinvit.ops.ssd import torch_impl
+    log_decay = -torch.rand(2, 3, 64, dtype=torch.float64) * 3.0
+    log_decay[0, 0, 10:20] = 0.0  # dt = 0 tokens (padding)
+    for inplace in (False, True):
+        fast = torch_impl._unmasked_decay(log_decay.clone(), inplace, nonpositive=True)
+        slow = torch_impl._unmasked_decay(log_decay.clone(), inplace, nonpositive=False)
+        torch.testing.assert_close(fast, slow, rtol=1e-15, atol=0)
+    x, dt, A, B, C, D = make_inputs(length=40)
+    assert torch_impl._decays_known_nonpositive(A, dt)
+    assert not torch_impl._decays_known_nonpositive(-A, dt)  # outside the contract: general
+    assert not torch_impl._decays_known_nonpositive(A.to('meta'), dt.to('meta'))

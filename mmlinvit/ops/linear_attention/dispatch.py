@@ -34,6 +34,7 @@ from typing import Optional, Set, Tuple
 import torch
 
 from ..feature_maps import get_feature_map
+from ..graph_capture import capturing_graph
 from ..triton_utils import (check_forced_triton, choose_auto_backend, log_choice_once,
                             requested_backend, triton_available)
 from .checks import kernel_unsupported_reason
@@ -82,12 +83,6 @@ def select_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         return 'triton'
     return choose_auto_backend(q.device, triton_available,
                                lambda: kernel_unsupported_reason(q, k, v), _log_choice_once)
-
-
-def capturing_graph() -> bool:
-    """Whether a graph is being captured (torch.compile / export, ONNX export, jit trace)."""
-    return (torch.compiler.is_compiling() or torch.compiler.is_exporting()
-            or torch.onnx.is_in_onnx_export() or torch.jit.is_tracing())
 
 
 def _triton_module() -> ModuleType:

@@ -23,6 +23,7 @@ from typing import Optional, Tuple
 
 import torch
 
+from ..graph_capture import capturing_graph
 from .checks import check_chunk_size, check_ssd_inputs
 
 
@@ -68,11 +69,21 @@ def segment_sums(log_decay: torch.Tensor) -> torch.Tensor:
     return _cumsum_differences(log_decay, inplace=False).masked_fill(upper, float('-inf'))
 
 
-def _unmasked_decay(log_decay: torch.Tensor, inplace: bool) -> torch.Tensor:
-    """exp(seg) below the diagonal and 1 above it (seg zeroed there), floored, (..., Q, Q)."""
+def _unmasked_decay(log_decay: torch.Tensor, inplace: bool,
+                    nonpositive: bool = False) -> torch.Tensor:
+    """exp(seg) below the diagonal and 1 above it (seg zeroed there), floored, (..., Q, Q).
+
+    ``nonpositive``: every log decay is <= 0 (A <= 0, dt >= 0: the Mamba-2 contract), so seg
+    is >= 0 exactly above the diagonal and <= 0 on and below it (up to rounding), and one
+    ``clamp(FLOOR, 0)`` replaces the causal multiply and the floor (one pass fewer over the
+    (Q, Q) buffer).
+    """
+    seg = _cumsum_differences(log_decay, inplace)
+    if nonpositive:
+        return seg.clamp_(LOG_DECAY_FLOOR, 0.0).exp_() if inplace else \
+            seg.clamp(LOG_DECAY_FLOOR, 0.0).exp()
     q = log_decay.shape[-1]
     causal = torch.ones(q, q, dtype=log_decay.dtype, device=log_decay.device).tril()
-    seg = _cumsum_differences(log_decay, inplace)
     if inplace:
         return seg.mul_(causal).clamp_(min=LOG_DECAY_FLOOR).exp_()
     return (seg * causal).clamp(min=LOG_DECAY_FLOOR).exp()
@@ -96,8 +107,8 @@ def decay_matrix(log_decay: torch.Tensor, inplace: bool = False) -> torch.Tensor
 
 
 def _scan_chunk_block(xdt: torch.Tensor, log_decay: torch.Tensor, b: torch.Tensor,
-                      c: torch.Tensor, state: torch.Tensor,
-                      inplace: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+                      c: torch.Tensor, state: torch.Tensor, inplace: bool,
+                      nonpositive: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
     """Scans consecutive chunks given the state entering the first one.
 
     Args:
@@ -107,6 +118,7 @@ def _scan_chunk_block(xdt: torch.Tensor, log_decay: torch.Tensor, b: torch.Tenso
         c: (batch, k, Q, G, N).
         state: (batch, G, R, P, N), the state before the first chunk.
         inplace: Reuse the (Q, Q) buffers in place (only when no gradient is needed).
+        nonpositive: Every log decay is <= 0 (see :func:`_unmasked_decay`).
 
     Returns:
         y (batch, k, Q, G, R, P) and the state after the last chunk.
@@ -114,7 +126,7 @@ def _scan_chunk_block(xdt: torch.Tensor, log_decay: torch.Tensor, b: torch.Tenso
     q = log_decay.shape[-1]
     # The causal mask is folded into the (smaller) scores below; the last row (decay to the
     # chunk end) has nothing above the diagonal.
-    decay = _unmasked_decay(log_decay, inplace)  # (batch, k, G, R, Q, Q)
+    decay = _unmasked_decay(log_decay, inplace, nonpositive)  # (batch, k, G, R, Q, Q)
 
     # Each chunk's own contribution to the state at its end (uses decay[..., Q - 1, j]).
     to_end = decay[..., -1, :].permute(0, 1, 4, 2, 3).unsqueeze(-1)  # (batch, k, Q, G, R, 1)
@@ -149,6 +161,14 @@ def _auto_chunks_per_step(batch: int, heads: int, chunk_size: int, num_chunks: i
         return num_chunks
     per_chunk = batch * heads * chunk_size * chunk_size * 4
     return max(1, min(num_chunks, INFERENCE_STEP_BYTES // max(per_chunk, 1)))
+
+
+def _decays_known_nonpositive(A: torch.Tensor, dt: torch.Tensor) -> bool:
+    """Whether A <= 0 and dt >= 0 everywhere (all log decays <= 0), checked on the values;
+    False where values cannot be read cheaply (meta tensors, graph capture)."""
+    if A.device.type == 'meta' or capturing_graph():
+        return False
+    return bool((A <= 0).all()) and bool((dt >= 0).all())
 
 
 def _pad_tokens(t: torch.Tensor, pad: int) -> torch.Tensor:
@@ -193,6 +213,7 @@ def ssd_scan_torch(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.
     d32 = None if D is None else D.to(acc)[None, None, :, None]
     needs_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (x, dt, A, B, C, D))
+    nonpositive = _decays_known_nonpositive(A, dt)
     step = chunks_per_step or _auto_chunks_per_step(batch, heads, chunk_size, num_chunks,
                                                     needs_grad)
 
@@ -210,7 +231,8 @@ def ssd_scan_torch(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.
         log_decay = (dt_blk * a32).permute(0, 1, 3, 4, 2)  # (batch, k, G, R, Q)
         b_blk = _pad_tokens(B[:, t0:t1].to(acc), pad).reshape(*shape, d_state)
         c_blk = _pad_tokens(C[:, t0:t1].to(acc), pad).reshape(*shape, d_state)
-        y_blk, state = _scan_chunk_block(xdt, log_decay, b_blk, c_blk, state, not needs_grad)
+        y_blk, state = _scan_chunk_block(xdt, log_decay, b_blk, c_blk, state, not needs_grad,
+                                         nonpositive)
         y_blk = y_blk.reshape(batch, k * chunk_size, heads, headdim)[:, :t1 - t0]
         if d32 is not None:
             y_blk = y_blk + d32 * x_blk

@@ -1,0 +1,12 @@
+"""Whether a graph is being captured (torch.compile / export, ONNX export, jit trace).
+
+Eager paths that read tensor values on the host (a data-dependent branch, a chunk loop)
+take their whole-tensor form while a graph is captured.
+"""
+import torch
+
+
+def capturing_graph() -> bool:
+    """Whether a graph is being captured (torch.compile / export, ONNX export, jit trace)."""
+    return (torch.compiler.is_compiling() or torch.compiler.is_exporting()
+            or torch.onnx.is_in_onnx_export() or torch.jit.is_tracing())
