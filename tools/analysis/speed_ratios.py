@@ -15,6 +15,7 @@ Usage::
     python tools/analysis/speed_ratios.py --model vit-l14 --sizes 1022 --no-adventurer
 """
 import argparse
+import dataclasses
 import os
 import sys
 from typing import Dict, List, Optional
@@ -40,9 +41,11 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument('--model', default='vit-b16', choices=sorted(MODELS))
     parser.add_argument('--sizes', nargs='+', type=parse_size, default=[parse_size('1024')],
                         help='input sizes, N or HxW')
-    parser.add_argument('--operators', nargs='+', default=['elu'],
+    parser.add_argument('--operators', nargs='*', default=['elu'],
                         help='linear operators of the students (softmax is the baseline)')
     parser.add_argument('--no-adventurer', action='store_true', help='skip the Adventurer')
+    parser.add_argument('--adventurer-chunk', type=int, default=None,
+                        help='SSD chunk size of the Adventurer (default: the mixer default, 256)')
     parser.add_argument('--rounds', type=int, default=5, help='timed rounds (one call each)')
     parser.add_argument('--device', default='cpu', choices=['cpu', 'cuda'])
     parser.add_argument('--threads', type=int, default=2, help='torch CPU threads')
@@ -50,10 +53,13 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
 
 def build_models(pair: ComparedModel, operators: List[str], adventurer: bool,
-                 device: torch.device) -> Dict[str, torch.nn.Module]:
+                 device: torch.device, chunk: Optional[int] = None) -> Dict[str, torch.nn.Module]:
     """Name -> model in eval mode on ``device`` (random weights)."""
     models = {op: pair.build_vit(op) for op in [BASELINE] + operators}
     if adventurer:
+        if chunk is not None:
+            pair = dataclasses.replace(pair, adventurer_mixer=dict(pair.adventurer_mixer or {},
+                                                                   chunk_size=chunk))
         models[ADVENTURER] = pair.build_adventurer(pair.patch_size)
     return {name: m.to(device).eval() for name, m in models.items()}
 
@@ -87,14 +93,16 @@ def main(argv: Optional[List[str]] = None) -> List[Dict[str, str]]:
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     pair = MODELS[args.model]
-    models = build_models(pair, args.operators, not args.no_adventurer, device)
+    models = build_models(pair, args.operators, not args.no_adventurer, device,
+                          args.adventurer_chunk)
     rows = []
     for hw in args.sizes:
         rows.extend(measure_size(models, hw, device, args.rounds))
     print(f'{pair.label}, device={device}, threads={torch.get_num_threads()}, batch 1, fp32, '
           f'median of {args.rounds} interleaved rounds (one call of every model per round, '
           'after one counted call each); speed = softmax ms / model ms; flop = softmax / '
-          'model counted FLOPs; quotient = speed / flop')
+          'model counted FLOPs; quotient = speed / flop'
+          + (f'; Adventurer SSD chunk {args.adventurer_chunk}' if args.adventurer_chunk else ''))
     print_table(['size', 'model', 'ms', 'gflops', 'speed', 'flop', 'quotient'], rows)
     return rows
 
