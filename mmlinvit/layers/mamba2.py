@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mmlinvit.ops.ssd import ssd_scan
+from mmlinvit.ops.ssd import SSD_BACKENDS, ssd_scan
 from .norm import GatedRMSNorm
 
 
@@ -103,6 +103,9 @@ class Mamba2Mixer(nn.Module):
         self.A_init_range = tuple(A_init_range)
         self.dt_min, self.dt_max, self.dt_init_floor = dt_min, dt_max, dt_init_floor
         self.dt_limit = tuple(dt_limit)
+        if ssd_backend not in (None, 'auto') + SSD_BACKENDS:
+            raise ValueError(f'Mamba2Mixer: unknown ssd_backend {ssd_backend!r}; available: '
+                             f"{[None, 'auto', *SSD_BACKENDS]}")
         self.ssd_backend = ssd_backend
         self.chunks_per_step = chunks_per_step
 

@@ -355,3 +355,12 @@ def test_gated_norm_in_place_matches_and_leaves_other_inputs_alone(norm_before_g
         half = norm(x.bfloat16(), z.bfloat16(), consume=True)
     torch.testing.assert_close(got, want, rtol=0, atol=0)
     torch.testing.assert_close(half, norm(x.bfloat16(), z.bfloat16()), rtol=0, atol=0)
+
+
+def test_unknown_ssd_backend_fails_at_build_listing_the_backends():
+    from mmlinvit.layers.mamba2 import Mamba2Mixer
+    with pytest.raises(ValueError, match=r"unknown ssd_backend 'cuda'.*'torch', 'naive', 'triton'"):
+        Mamba2Mixer(32, headdim=16, ssd_backend='cuda')
+    with pytest.raises(ValueError, match='unknown ssd_backend'):
+        tiny(mixer_cfg=dict(TINY_MIXER, ssd_backend='fast'))
+    assert Mamba2Mixer(32, headdim=16, ssd_backend='torch').ssd_backend == 'torch'
