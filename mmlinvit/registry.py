@@ -14,6 +14,10 @@ from mmengine.registry import MODELS as MMENGINE_MODELS
 from mmengine.registry import OPTIM_WRAPPER_CONSTRUCTORS as MMENGINE_OPTIM_WRAPPER_CONSTRUCTORS
 from mmengine.registry import Registry
 
+from .log_forwarding import install as _install_log_forwarding
+
+_install_log_forwarding()
+
 #: Backbones, attention operators, distillation losses (all registered by
 #: :mod:`mmlinvit.models.register`), the distillation model, connectors, segmentors.
 MODELS = Registry('model', parent=MMENGINE_MODELS, scope='mmlinvit', locations=['mmlinvit.models'])

@@ -1,0 +1,24 @@
+"""WARNINGs of the mmlinvit loggers reach the run's log file (mmlinvit.log_forwarding)."""
+import logging
+
+from mmengine.logging import MMLogger
+
+import mmlinvit.registry  # noqa: F401  (installs the forwarding)
+from mmlinvit.log_forwarding import MMLoggerForwarder
+
+
+def test_mmlinvit_warnings_reach_the_mmlogger_log_file_once(tmp_path, caplog):
+    log_file = tmp_path / 'run.log'
+    MMLogger.get_instance('log_forwarding_test', log_file=str(log_file), log_level='INFO')
+    logging.getLogger('mmlinvit.converters.loading').warning('initialised keys: %s', 'mask_token')
+    logging.getLogger('mmlinvit').info('below the warning level: not shown')
+    for handler in MMLogger.get_current_instance().handlers:
+        handler.flush()
+    text = log_file.read_text()
+    assert 'initialised keys: mask_token' in text and 'below the warning level' not in text
+    assert text.count('initialised keys: mask_token') == 1
+    # still propagated as before (console / caplog / root handlers), and installed once
+    assert [r.getMessage() for r in caplog.records] == ['initialised keys: mask_token']
+    handlers = [h for h in logging.getLogger('mmlinvit').handlers
+                if isinstance(h, MMLoggerForwarder)]
+    assert len(handlers) == 1 and logging.getLogger('mmlinvit').propagate
