@@ -30,6 +30,9 @@ from .resume import check_resume_or_load_from
 #: ``--launcher`` choices (mmengine's).
 LAUNCHERS = ('none', 'pytorch', 'slurm', 'mpi')
 
+#: Runners built by :func:`build_runner` in this process (see :func:`_distinct_experiment_name`).
+_runners_built = 0
+
 
 def add_launch_arguments(parser: argparse.ArgumentParser, cfg_options_example: str) -> None:
     """Adds the flags train.py and test.py share: ``--cfg-options``, ``--launcher``, ``--local-rank``.
@@ -396,10 +399,28 @@ def build_runner(cfg: Config, mode: str = 'train', checkpoint: Optional[str] = N
     elif checkpoint is not None:
         check_checkpoint_file(checkpoint)
     init_cpu_distributed(cfg.get('launcher', 'none'))
+    _distinct_experiment_name(cfg)
     if 'runner_type' in cfg:
         from mmengine.registry import RUNNERS
         return RUNNERS.build(cfg)
     return Runner.from_cfg(cfg)
+
+
+def _distinct_experiment_name(cfg: Config) -> None:
+    """From the second Runner of a process on, gives the run a distinct experiment name.
+
+    mmengine names a run ``<config stem>_<timestamp to the second>`` and keys its global
+    DefaultScope, MMLogger and visualizer instances by that name.  A second Runner built from
+    a config of the same file name within the same second (sweeps, tests, notebooks) was handed
+    the first one's instances, e.g. the ``mmpretrain`` scope for an ``mmseg`` run ("SegLocal
+    Visualizer is not in the mmpretrain::visualizer registry"), or the first run's log file.
+    An ``experiment_name`` set in the config is kept.
+    """
+    global _runners_built
+    _runners_built += 1
+    if _runners_built > 1 and cfg.get('experiment_name') is None:
+        stem = osp.splitext(osp.basename(cfg.filename))[0] if cfg.filename else 'run'
+        cfg.experiment_name = f'{stem}-run{_runners_built}'
 
 
 def finish_distributed() -> None:
