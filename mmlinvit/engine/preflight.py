@@ -321,6 +321,8 @@ def check_inputs(cfg: Any, mode: str = 'train', checkpoint: Optional[str] = None
     Raises:
         MissingInputsError: listing every missing path and data folder that does not pair up.
         BatchNormBatchSizeError: training with batch size 1 per GPU through BatchNorm heads.
+        PadSizeError: training crops padded to a larger preprocessor size
+            (:mod:`.pad_size_check`).
     """
     counts: List[str] = []
     problems = find_missing_inputs(cfg, mode=mode, checkpoint=checkpoint, counts=counts)
@@ -335,6 +337,10 @@ def check_inputs(cfg: Any, mode: str = 'train', checkpoint: Optional[str] = None
         problem = find_batch_norm_problem(cfg)
         if problem:
             raise BatchNormBatchSizeError(f'Cannot start: {problem}')
+        from .pad_size_check import PadSizeError, find_pad_size_problem
+        problem = find_pad_size_problem(cfg)
+        if problem:
+            raise PadSizeError(f'Cannot start: {problem}')
 
 
 class DataCheckError(PreflightError):

@@ -303,3 +303,29 @@ def test_train_tool_check_data(tmp_path, ade):
     msg = str(exc.value)
     assert msg.startswith('error: --check-data: 3 bad file(s)') and truncated in msg
     assert not osp.exists(tmp_path / 'wd2' / 'iter_1.pth')
+
+
+def test_crops_padded_to_a_larger_preprocessor_size_are_refused(tmp_path, ade):
+    """A data preprocessor size above the training crop pads every crop with zeros (a
+    distillation model reuses its student's preprocessor, e.g. a 512 base's)."""
+    from mmlinvit.engine.pad_size_check import PadSizeError, find_pad_size_problem
+    cfg = _demo_cfg(ade, str(tmp_path / 'wd'))
+    cfg.train_dataloader.dataset.data_prefix = dict(img_path='images/training',
+                                                    seg_map_path='annotations/training')
+    assert find_pad_size_problem(cfg) is None  # the demo: size = crop = 64 x 64
+    cfg.model.data_preprocessor.size = (512, 512)
+    with pytest.raises(PadSizeError) as exc:
+        check_inputs(cfg)
+    msg = str(exc.value)
+    assert 'model.data_preprocessor.size=(512, 512) pads every (64, 64) training crop' in msg
+    assert '64x the pixels' in msg and 'model.data_preprocessor.size="(64, 64)"' in msg
+    check_inputs(cfg, mode='test')  # evaluation is not refused
+    student = cfg.model.copy()
+    cfg.model = dict(type='mmlinvit.DistillationModel', student=student, teacher=dict())
+    assert 'model.student.data_preprocessor.size=(512, 512)' in find_pad_size_problem(cfg)
+    cfg.model['data_preprocessor'] = dict(type='SegDataPreProcessor', size=(64, 64))
+    assert find_pad_size_problem(cfg) is None  # its own preprocessor runs
+    cls = Config(dict(train_dataloader=dict(dataset=dict(data_root='imagenet', pipeline=[
+        dict(type='RandomResizedCrop', scale=224)])), model=dict(
+            data_preprocessor=dict(type='SegDataPreProcessor', size=(256, 256)))))
+    assert '(224, 224) training crop' in find_pad_size_problem(cls)
