@@ -314,6 +314,9 @@ def test_inference_steps_bound_memory_without_changing_the_result(monkeypatch, d
         monkeypatch.setattr(torch_impl, 'INFERENCE_STEP_BYTES', 2 * (2 * 4 * 8 * 8 * 4))
         assert torch_impl._auto_chunks_per_step(2, 4, 8, 10, needs_grad=False) == 2
         assert torch_impl._auto_chunks_per_step(2, 4, 8, 10, needs_grad=True) == 10
+        monkeypatch.setattr(torch_impl, 'capturing_graph', lambda: True)  # export / compile
+        assert torch_impl._auto_chunks_per_step(2, 4, 8, 10, needs_grad=False) == 10
+        monkeypatch.setattr(torch_impl, 'capturing_graph', lambda: False)
         stepped = torch_impl.ssd_scan_torch(x, dt, A, B, C, D, chunk_size=8)
     assert stepped.dtype == dtype
     torch.testing.assert_close(stepped, one_step, rtol=0, atol=0)

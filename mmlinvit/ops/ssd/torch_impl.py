@@ -162,9 +162,10 @@ def _scan_chunk_block(
 def _auto_chunks_per_step(batch: int, heads: int, chunk_size: int, num_chunks: int,
                           needs_grad: bool) -> int:
     """Chunks per step when the caller did not choose: all of them when gradients are needed
-    (autograd keeps every step's buffers anyway), else as many as keep one
-    (batch, step, H, Q, Q) fp32 buffer within :data:`INFERENCE_STEP_BYTES`."""
-    if needs_grad:
+    (autograd keeps every step's buffers anyway) or a graph is captured (ONNX / export /
+    compile: the loop would be unrolled), else as many as keep one (batch, step, H, Q, Q)
+    fp32 buffer within :data:`INFERENCE_STEP_BYTES`."""
+    if needs_grad or capturing_graph():  # a captured graph: one vectorised step, no unrolling
         return num_chunks
     per_chunk = batch * heads * chunk_size * chunk_size * 4
     return max(1, min(num_chunks, INFERENCE_STEP_BYTES // max(per_chunk, 1)))
