@@ -9,7 +9,7 @@ from .attention_gaps import (attention_gap, attention_output_stats, feature_gap,
                              relative_mse)
 from .attention_maps import (activation_similarity_maps, capture_attention_inputs,
                              query_attention_maps, upsample_map)
-from .compared_models import COMPARED_MODELS, ComparedModel
+from .compared_models import COMPARED_MODELS, SMOKE_MODEL, ComparedModel
 from .curves import find_scalars, loss_keys, read_scalars, save_loss_curves
 from .feature_pca import patch_features, pca_rgb, principal_components
 from .figures import COMPARISON_COLUMNS, save_teacher_student_figure
@@ -28,6 +28,6 @@ __all__ = [
     'upsample_map', 'patch_features', 'pca_rgb', 'principal_components', 'REAL_PHOTOS',
     'load_photo', 'center_crop_resize', 'TeacherStudentComparison', 'compare_teacher_student',
     'feature_cosine_gap', 'COMPARISON_COLUMNS', 'save_teacher_student_figure', 'read_scalars',
-    'find_scalars', 'loss_keys', 'save_loss_curves', 'COMPARED_MODELS', 'ComparedModel',
+    'find_scalars', 'loss_keys', 'save_loss_curves', 'COMPARED_MODELS', 'SMOKE_MODEL', 'ComparedModel',
     'relative_mse', 'feature_gap', 'attention_gap', 'attention_output_stats'
 ]

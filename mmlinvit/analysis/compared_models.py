@@ -2,8 +2,8 @@
 
 ``tools/analysis/benchmark_backbones.py`` and ``tools/analysis/visualize_attention.py`` both
 put a ViT (softmax teacher and linear students) next to the Mamba-2 Adventurer of the same
-width; :data:`COMPARED_MODELS` names those pairs once, and each tool adds its own tiny pair for
-smoke runs.
+width; :data:`COMPARED_MODELS` names those pairs once; :data:`SMOKE_MODEL` is the benchmarks'
+tiny pair for smoke runs.
 """
 from dataclasses import dataclass
 from typing import Optional, Union
@@ -62,3 +62,8 @@ COMPARED_MODELS = {
     'vit-b16': ComparedModel('ViT-B/16', 'b', 'deit', 'b'),
     'vit-l14': ComparedModel('ViT-L/14', 'l', 'dinov2', 'l'),
 }
+
+#: A 2-layer, 64-wide pair for smoke runs of the benchmark tools (``--tiny`` / ``--model tiny``).
+SMOKE_MODEL = ComparedModel(
+    'tiny/16', dict(embed_dims=64, num_layers=2, num_heads=4, mlp_hidden_dims=256), 'deit',
+    dict(embed_dims=64, num_layers=2), adventurer_mixer=dict(d_state=16, headdim=32))

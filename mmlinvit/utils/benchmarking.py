@@ -186,6 +186,29 @@ def merge_results(parts: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
     return merged
 
 
+def run_case_phases(command: Callable[[str], List[str]], threads: int, root: str,
+                    timeout: Optional[float] = None) -> Dict[str, Any]:
+    """One CPU benchmark case in two fresh interpreters: ``'memory'`` (started with
+    :data:`EXACT_RSS_ENV`), then ``'time'`` (default allocator); their results merged.
+
+    Args:
+        command: Phase name -> the child's command.
+        threads, root, timeout: As :func:`run_json_child`.
+
+    Raises:
+        RuntimeError: A phase failed (the message starts with the phase's name).
+        subprocess.TimeoutExpired: A phase ran past ``timeout``.
+    """
+    parts = []
+    for phase in ('memory', 'time'):
+        try:
+            parts.append(run_json_child(command(phase), threads, root, phase == 'memory',
+                                        timeout))
+        except RuntimeError as err:
+            raise RuntimeError(f'{phase}: {err}') from err
+    return merge_results(parts)
+
+
 class CpuPeakMemory:
     """Peak RSS of one call above the RSS just before it (Linux).
 

@@ -27,8 +27,7 @@ import sys
 import time
 from typing import Dict, List, Tuple
 
-from mmlinvit.utils.benchmarking import (CpuPeakMemory, merge_results, parse_size,
-                                         run_json_child)
+from mmlinvit.utils.benchmarking import CpuPeakMemory, parse_size, run_case_phases
 
 MODELS = ('adventurer', 'vit')
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -70,19 +69,17 @@ def run_case(model_name: str, size: Tuple[int, int], repeats: int, warmup: int, 
 
 def spawn_case(model_name: str, size: Tuple[int, int], args: argparse.Namespace) -> Dict:
     """Runs :func:`run_case` in fresh interpreters: memory (``EXACT_RSS_ENV``), then time."""
-    parts = []
-    for phase in ('memory', 'time'):
-        cmd = [
-            sys.executable, os.path.abspath(__file__), '--worker', model_name, '--sizes',
-            f'{size[0]}x{size[1]}', '--repeats', str(args.repeats), '--warmup',
-            str(args.warmup), '--threads', str(args.threads), '--chunk-size',
-            str(args.chunk_size), '--chunks-per-step', str(args.chunks_per_step), '--phase', phase
-        ]
-        try:
-            parts.append(run_json_child(cmd, args.threads, REPO, phase == 'memory'))
-        except RuntimeError as err:
-            raise RuntimeError(f'case {model_name} {size} ({phase}) failed: {err}') from err
-    return merge_results(parts)
+    def command(phase: str) -> List[str]:
+        return [sys.executable, os.path.abspath(__file__), '--worker', model_name, '--sizes',
+                f'{size[0]}x{size[1]}', '--repeats', str(args.repeats), '--warmup',
+                str(args.warmup), '--threads', str(args.threads), '--chunk-size',
+                str(args.chunk_size), '--chunks-per-step', str(args.chunks_per_step),
+                '--phase', phase]
+
+    try:
+        return run_case_phases(command, args.threads, REPO)
+    except RuntimeError as err:
+        raise RuntimeError(f'case {model_name} {size} failed: {err}') from err
 
 
 def format_table(rows: List[Dict]) -> str:

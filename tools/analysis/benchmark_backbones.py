@@ -59,19 +59,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 from mmlinvit.analysis import (ANALYTIC_OPERATORS, COMPARED_MODELS,  # noqa: E402
-                               FLOP_CONVENTION, ComparedModel, FlopCounter, analytic_vit_flops)
+                               FLOP_CONVENTION, SMOKE_MODEL, FlopCounter, analytic_vit_flops)
 from mmlinvit.utils.benchmarking import (CpuPeakMemory, cuda_peak_memory,  # noqa: E402
-                                         merge_results, parse_size, print_table,
-                                         run_json_child, size_label, synchronize, timed_calls)
+                                         parse_size, print_table, run_case_phases,
+                                         size_label, synchronize, timed_calls)
 
 ADVENTURER_FILE = os.path.join(ROOT, 'mmlinvit', 'backbones', 'adventurer.py')
 ADVENTURER = 'adventurer'
 BASELINE = 'softmax'
 SCOPES = ('op', 'backbone')
 
-MODELS = dict(COMPARED_MODELS, tiny=ComparedModel(
-    'tiny/16', dict(embed_dims=64, num_layers=2, num_heads=4, mlp_hidden_dims=256), 'deit',
-    dict(embed_dims=64, num_layers=2), adventurer_mixer=dict(d_state=16, headdim=32)))
+MODELS = dict(COMPARED_MODELS, tiny=SMOKE_MODEL)
 DTYPES = {'float32': torch.float32, 'float16': torch.float16, 'bfloat16': torch.bfloat16}
 DEFAULT_SIZES = ['224', '512', '512x1024', '1024x1024', '2048x2048']
 
@@ -235,19 +233,17 @@ def run_case_subprocess(args: argparse.Namespace, model_key: str, operator: str,
                         hw: Tuple[int, int], repeats: int) -> Dict[str, object]:
     """CPU: one fresh interpreter per case and phase (memory with ``EXACT_RSS_ENV``, then
     time with the default allocator); returns the merged JSON result (or an error row)."""
-    parts = []
-    for phase in ('memory', 'time'):
+    def command(phase: str) -> List[str]:
         spec = dict(model=model_key, operator=operator, size=list(hw), scopes=args.scopes,
                     dtype=args.dtype, repeats=repeats, max_seconds=args.max_seconds,
                     threads=args.threads, compile=args.compile, phase=phase)
-        cmd = [sys.executable, os.path.abspath(__file__), '--child', json.dumps(spec)]
-        try:
-            parts.append(run_json_child(cmd, args.threads, ROOT, phase == 'memory',
-                                        args.case_timeout))
-        except (RuntimeError, subprocess.TimeoutExpired) as err:
-            return dict(model=MODELS[model_key].label, operator=operator, size=size_label(hw),
-                        error=f'{phase}: {err}')
-    return merge_results(parts)
+        return [sys.executable, os.path.abspath(__file__), '--child', json.dumps(spec)]
+
+    try:
+        return run_case_phases(command, args.threads, ROOT, args.case_timeout)
+    except (RuntimeError, subprocess.TimeoutExpired) as err:
+        return dict(model=MODELS[model_key].label, operator=operator, size=size_label(hw),
+                    error=str(err))
 
 
 def child_main(spec_json: str) -> None:

@@ -25,15 +25,14 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from mmlinvit.analysis import COMPARED_MODELS, ComparedModel, FlopCounter  # noqa: E402
+from mmlinvit.analysis import (COMPARED_MODELS, SMOKE_MODEL, ComparedModel,  # noqa: E402
+                               FlopCounter)
 from mmlinvit.utils.benchmarking import (parse_size, print_table, size_label,  # noqa: E402
                                          time_round_robin)
 
 BASELINE = 'softmax'
 ADVENTURER = 'adventurer'
-MODELS = dict(COMPARED_MODELS, tiny=ComparedModel(
-    'tiny/16', dict(embed_dims=64, num_layers=2, num_heads=4, mlp_hidden_dims=256), 'deit',
-    dict(embed_dims=64, num_layers=2), adventurer_mixer=dict(d_state=16, headdim=32)))
+MODELS = dict(COMPARED_MODELS, tiny=SMOKE_MODEL)
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
