@@ -160,6 +160,27 @@ def test_half_precision_inputs(kernels, dtype, tol):
     check_against_reference(kernel, inputs, 16, device, dtypes, tol, 1e-3 + tol)
 
 
+@pytest.mark.parametrize('split', [True, False])
+@run_here
+def test_split_gradient_products(kernels, monkeypatch, split):
+    """The hi + lo split of the dt / A gradient products (forced on or off) is the same
+    algebra: bf16 inputs and dy, every gradient against the fp64 scan on the rounded values."""
+    kernel, device = kernels
+    base = kernel._LaunchConfig
+
+    class Forced(base):
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.split_grad_dots = split
+
+    monkeypatch.setattr(kernel, '_LaunchConfig', Forced)
+    inputs = make_inputs(1, 75, 4, 16, 2, 16, a_range=(0.1, 4.0), seed=3)
+    dtypes = (torch.bfloat16, torch.float32, torch.float32, torch.bfloat16, torch.bfloat16,
+              torch.float32)
+    check_against_reference(kernel, inputs, 32, device, dtypes, 1.5e-2, 1e-2)
+
+
 @run_here
 def test_all_fp16_inputs(kernels):
     kernel, device = kernels

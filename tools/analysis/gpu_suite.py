@@ -23,6 +23,20 @@ Sections (each prints a table; everything also goes to ``suite.json`` and ``suit
    the allocation before it: weights excluded).  Target: ViT-L/14 at 1024 >= 1.7x the softmax
    model at <= 40 % of its memory.
 
+0. **Ceilings** measured first: a 1 GiB device-to-device copy (bytes read + written) and an
+   8192^3 bf16 matmul; section 2 also gives the kernel's bandwidth against the measured copy.
+4b. **Profile**: device time per kernel (torch.profiler) of one forward of each ViT-L/14 at
+   1024 and of Adventurer-B at the larger pair size.
+5. **Launch sweeps**: tile sizes / warps / stages / programs of the linear attention and SSD
+   kernels (``_LaunchConfig`` fields overridden one variant at a time), each timed by CUDA
+   graph replay and checked against the default launch's outputs; ``--sweep-budget-s`` bounds
+   it.  The data the defaults are chosen from.
+
+Sections 2-4 time eagerly (CUDA events per call: host launch overhead included, as a user
+sees it) and by CUDA graph replay (the device's own time; the kernel bandwidth figures use
+it).  A failing section prints its traceback and the rest still run; ``suite.json`` is
+rewritten after each section.
+
 ``--dry-run`` runs every section at tiny sizes on CPU with ``TRITON_INTERPRET=1`` (the Triton
 interpreter; set before triton is imported), so CI proves the script works before a GPU is
 there (tests/analysis/test_gpu_suite_dry_run.py).  Its timings and bandwidths are
@@ -34,12 +48,14 @@ Examples::
     PYTHONPATH=. python tools/analysis/gpu_suite.py --dry-run --out-dir /tmp/suite
 """
 import argparse
+import contextlib
 import json
 import os
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Tuple
+from types import ModuleType
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 if __name__ == '__main__' and '--dry-run' in sys.argv:
     os.environ['TRITON_INTERPRET'] = '1'  # before anything imports triton
@@ -55,6 +71,8 @@ from mmlinvit.analysis.kernel_checks import (check_linear_attention,  # noqa: E4
 from mmlinvit.utils.benchmarking import (cuda_peak_memory, print_table,  # noqa: E402
                                          time_round_robin)
 
+#: Sections in run order (``--sections`` picks a subset).
+SECTIONS = ('ceilings', 'check', 'la', 'ssd', 'backbones', 'profile', 'sweeps')
 #: Peak HBM bandwidth (B/s) by device-name substring; ``--peak-bw`` overrides.
 PEAK_BW = {'H200': 4.8e12, 'H100': 3.35e12, 'A100': 2.0e12, 'L40': 0.864e12}
 DTYPES = {'fp32': torch.float32, 'bf16': torch.bfloat16}
@@ -78,6 +96,10 @@ class Sizes:
     pair_sizes: List[Tuple[int, int]]
     repeats: int
     extra_la_cases: List[tuple] = field(default_factory=list)
+    sweep_tokens: Tuple[int, int] = (16384, 65536)
+    sweep_ssd_length: int = 16384
+    sweep_programs: Tuple[int, ...] = (132, 264, 1056)
+    sweep_limit: Optional[int] = None  # most variants per list (dry run: a few)
 
 
 def full_sizes() -> Sizes:
@@ -113,7 +135,8 @@ def dry_sizes() -> Sizes:
         pair_sizes=[(32, 48)], repeats=1,
         extra_la_cases=[('elu d=12 e=10 ragged', 29, 29, 2, 12, 10, torch.float16, 'elu'),
                         ('inline', 33, 33, 2, 16, 16, torch.bfloat16, 'inline'),
-                        ('elu cross N!=M', 17, 41, 2, 16, 16, torch.bfloat16, 'elu')])
+                        ('elu cross N!=M', 17, 41, 2, 16, 16, torch.bfloat16, 'elu')],
+        sweep_tokens=(40, 70), sweep_ssd_length=40, sweep_programs=(4, ), sweep_limit=2)
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -124,8 +147,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument('--out-dir', default=os.path.join(ROOT, 'work_dirs', 'gpu_suite'))
     parser.add_argument('--peak-bw', type=float, default=None,
                         help='peak HBM bandwidth in B/s (default: by device name, H200 4.8e12)')
-    parser.add_argument('--sections', nargs='+', default=['check', 'la', 'ssd', 'backbones'],
-                        choices=['check', 'la', 'ssd', 'backbones'])
+    parser.add_argument('--sections', nargs='+', default=list(SECTIONS), choices=list(SECTIONS))
+    parser.add_argument('--sweep-budget-s', type=float, default=120.0,
+                        help='the sweeps stop starting variants after this many seconds')
     return parser.parse_args(argv)
 
 
@@ -134,6 +158,68 @@ def bench_ms(fn: Callable[[], object], device: torch.device, repeats: int) -> fl
     """Median ms of ``fn`` (CUDA events after 2 warm-ups; CPU: perf_counter after 1)."""
     warmups = 2 if device.type == 'cuda' else 1
     return time_round_robin({'fn': fn}, device, repeats, warmups=warmups)['fn']
+
+
+def graph_ms(fn: Callable[[], object], device: torch.device, replays: int = 20,
+             rounds: int = 5) -> Optional[float]:
+    """Median ms per replay of ``fn`` captured in a CUDA graph (None on CPU).
+
+    Replays leave out the host's launch overhead (Python dispatch of every kernel): this is
+    the time the device needs, the number to set against the bytes moved.
+    """
+    if device.type != 'cuda':
+        return None
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):  # warm-up off the default stream, as capture requires
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    torch.cuda.synchronize(device)
+    times = []
+    for _ in range(rounds):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / replays)
+    del graph
+    torch.cuda.empty_cache()
+    return sorted(times)[len(times) // 2]
+
+
+def try_graph_ms(fn: Callable[[], object], device: torch.device) -> Optional[float]:
+    """:func:`graph_ms`, or None (with the reason printed) where capture fails."""
+    try:
+        return graph_ms(fn, device)
+    except Exception as exc:  # capture is a measurement aid: report and go on
+        print(f'   (CUDA graph capture failed: {type(exc).__name__}: {str(exc)[:160]})')
+        torch.cuda.synchronize(device)
+        return None
+
+
+def section_ceilings() -> Dict[str, Optional[float]]:
+    """Measured ceilings: device-to-device copy (bytes read + written) and a bf16 matmul."""
+    if DEVICE.type != 'cuda':
+        return {'copy TB/s': None, 'bf16 matmul TFLOP/s': None}
+    src = torch.randn(2**29, device=DEVICE, dtype=torch.bfloat16)  # 1 GiB
+    dst = torch.empty_like(src)
+    t_copy = bench_ms(lambda: dst.copy_(src), DEVICE, 10)
+    del src, dst
+    a = torch.randn(8192, 8192, device=DEVICE, dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device=DEVICE, dtype=torch.bfloat16)
+    t_mm = bench_ms(lambda: a @ b, DEVICE, 10)
+    del a, b
+    torch.cuda.empty_cache()
+    return {'copy TB/s': 2 * 2**30 / (t_copy * 1e-3) / 1e12,
+            'bf16 matmul TFLOP/s': 2 * 8192**3 / (t_mm * 1e-3) / 1e12}
 
 
 def peak_mib(fn: Callable[[], object], device: torch.device) -> Optional[float]:
@@ -226,12 +312,26 @@ def section_linear_attention(sizes: Sizes, peak_bw: float) -> List[Dict[str, obj
         t_tri_fb = bench_ms(fb(lambda a, b, c: la_kernel.linear_attention_triton(a, b, c, 'elu')),
                             DEVICE, sizes.repeats)
         t_sdpa_fb = bench_ms(fb(F.scaled_dot_product_attention), DEVICE, sizes.repeats)
-        bw = 4 * nbytes / (t_tri * 1e-3) / peak_bw
-        bw_fb = 11 * nbytes / (t_tri_fb * 1e-3) / peak_bw
+        with torch.no_grad():
+            g_tri = try_graph_ms(lambda: la_kernel.linear_attention_triton(q, k, v, 'elu'),
+                                 DEVICE)
+            g_sdpa = try_graph_ms(lambda: F.scaled_dot_product_attention(q, k, v), DEVICE)
+        g_tri_fb = try_graph_ms(
+            fb(lambda a, b, c: la_kernel.linear_attention_triton(a, b, c, 'elu')), DEVICE)
+        # bandwidth of the kernels themselves: graph replays where capture worked
+        t_bw, t_bw_fb = g_tri or t_tri, g_tri_fb or t_tri_fb
+        bw = 4 * nbytes / (t_bw * 1e-3) / peak_bw
+        bw_fb = 11 * nbytes / (t_bw_fb * 1e-3) / peak_bw
         rows.append({'N': n, 'triton ms': t_tri, 'torch ms': t_torch, 'sdpa ms': t_sdpa,
                      'sdpa/triton': t_sdpa / t_tri, 'torch/triton': t_torch / t_tri,
                      'triton f+b ms': t_tri_fb, 'sdpa f+b ms': t_sdpa_fb,
-                     'f+b sdpa/triton': t_sdpa_fb / t_tri_fb, 'HBM fwd': bw, 'HBM f+b': bw_fb,
+                     'f+b sdpa/triton': t_sdpa_fb / t_tri_fb,
+                     'graph triton ms': g_tri, 'graph sdpa ms': g_sdpa,
+                     'graph sdpa/triton': (g_sdpa / g_tri) if g_sdpa and g_tri else None,
+                     'graph triton f+b ms': g_tri_fb,
+                     'HBM fwd': bw, 'HBM f+b': bw_fb,
+                     'HBM fwd vs copy': (bw * peak_bw / (COPY_BW[0] * 1e12)
+                                         if COPY_BW[0] else None),
                      'target >=0.7': ('met' if bw >= 0.7 else 'NOT met') if n >= 16384
                      else '-'})
         del q, k, v, grad
@@ -259,11 +359,14 @@ def section_ssd(sizes: Sizes) -> List[Dict[str, object]]:
                                sizes.repeats)
             t_tri = bench_ms(lambda: kernel.ssd_scan_triton(*leaves, chunk_size=s['chunk']),
                              DEVICE, sizes.repeats)
+            g_tri = try_graph_ms(lambda: kernel.ssd_scan_triton(*leaves, chunk_size=s['chunk']),
+                                 DEVICE)
         t_torch_fb = bench_ms(fb(ssd_scan_torch), DEVICE, sizes.repeats)
         t_tri_fb = bench_ms(fb(kernel.ssd_scan_triton), DEVICE, sizes.repeats)
         rows.append({'L': length, 'torch ms': t_torch, 'triton ms': t_tri,
                      'torch/triton': t_torch / t_tri, 'torch f+b ms': t_torch_fb,
-                     'triton f+b ms': t_tri_fb, 'f+b torch/triton': t_torch_fb / t_tri_fb})
+                     'triton f+b ms': t_tri_fb, 'f+b torch/triton': t_torch_fb / t_tri_fb,
+                     'graph triton ms': g_tri})
     return rows
 
 
@@ -280,8 +383,9 @@ def section_backbones(sizes: Sizes) -> List[Dict[str, object]]:
             fn()
             mem = peak_mib(fn, DEVICE)
             ms = bench_ms(fn, DEVICE, sizes.repeats)
+            g_ms = try_graph_ms(fn, DEVICE)
         rows.append({'pair': pair, 'model': label, 'size': f'{hw[0]}x{hw[1]}', 'ms': ms,
-                     'act MiB': mem})
+                     'graph ms': g_ms, 'act MiB': mem})
         del model, images
         if DEVICE.type == 'cuda':
             torch.cuda.empty_cache()
@@ -304,9 +408,179 @@ def section_backbones(sizes: Sizes) -> List[Dict[str, object]]:
         base = next(b for b in rows if b['pair'] == r['pair'] and b['size'] == r['size']
                     and 'softmax' in b['model'])
         r['speed x'] = base['ms'] / r['ms']
+        r['graph speed x'] = (base['graph ms'] / r['graph ms']
+                              if r['graph ms'] and base['graph ms'] else None)
         r['mem frac'] = (r['act MiB'] / base['act MiB']
                          if r['act MiB'] is not None and base['act MiB'] else None)
     return rows
+
+
+# ---------------------------------------------------------------------------------- sweeps
+@contextlib.contextmanager
+def launch_config(module: ModuleType, **overrides: object) -> Iterator[None]:
+    """Within the block, ``module``'s kernels launch with ``overrides`` set on the default
+    ``_LaunchConfig`` (tile sizes, warps, stages): one variant of a launch-parameter sweep."""
+    base = module._LaunchConfig
+
+    class Variant(base):  # type: ignore[misc, valid-type]
+
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            for key, value in overrides.items():
+                if not hasattr(self, key):
+                    raise AttributeError(f'{module.__name__}._LaunchConfig has no {key!r}')
+                setattr(self, key, value)
+
+    module._LaunchConfig = Variant
+    try:
+        yield
+    finally:
+        module._LaunchConfig = base
+
+
+def _sweep(module: ModuleType, variants: List[Dict[str, object]],
+           cases: List[Tuple[str, Callable[[], object], Callable[[object], List[torch.Tensor]]]],
+           deadline: float, exact: Optional[Dict[str, List[torch.Tensor]]] = None,
+           exact_names: Optional[Dict[str, Tuple[str, ...]]] = None) -> List[Dict[str, object]]:
+    """Times each launch variant on each case (graph replays on CUDA) and checks its outputs
+    against the default configuration's (relative error; a variant that errs is reported).
+
+    ``exact`` (case -> fp32 reference outputs) adds each variant's error against it, one column
+    per output named in ``exact_names`` (else the largest)."""
+    reference = {name: [t.float() for t in outputs(run())] for name, run, outputs in cases}
+    rows = []
+    for overrides in variants:
+        if time.perf_counter() > deadline:
+            rows.append({'variant': 'deadline reached: rest skipped'})
+            break
+        row: Dict[str, object] = {'variant': ' '.join(f'{k}={v}' for k, v in overrides.items())}
+        try:
+            with launch_config(module, **overrides):
+                err = 0.0
+                for name, run, outputs in cases:
+                    got = outputs(run())
+                    err = max([err] + [float((g.float() - w).norm() / w.norm().clamp_min(1e-30))
+                                       for g, w in zip(got, reference[name])])
+                    if exact and name in exact:
+                        errs = [float((g.float() - w).norm() / w.norm().clamp_min(1e-30))
+                                for g, w in zip(got, exact[name])]
+                        names = (exact_names or {}).get(name)
+                        if names:
+                            row.update({f'{n} err': e for n, e in zip(names, errs)})
+                        else:
+                            row[name + ' err vs fp32'] = max(errs)
+                    row[name + ' ms'] = (graph_ms(run, DEVICE) if DEVICE.type == 'cuda'
+                                         else bench_ms(run, DEVICE, 1))
+                row['max rel err vs default'] = err
+        except Exception as exc:  # a variant the compiler or the device refuses
+            row['error'] = f'{type(exc).__name__}: {str(exc)[:120]}'
+        rows.append(row)
+    return rows
+
+
+def section_sweeps(sizes: Sizes, deadline: float) -> Dict[str, List[Dict[str, object]]]:
+    """Launch-parameter sweeps of the linear attention and SSD kernels (forward and f+b)."""
+    la_kernel, ssd_kernel = _kernels()
+    dtype = torch.bfloat16 if not DRY else torch.float32
+    out: Dict[str, List[Dict[str, object]]] = {}
+    n_small, n_big = sizes.sweep_tokens
+    cases = []
+    for n in (n_small, n_big):
+        q, k, v = make_qkv(n, n, sizes.la_heads, sizes.la_head_dim, sizes.la_head_dim, dtype,
+                           DEVICE)
+        cases.append((f'fwd N={n}', _no_grad(
+            lambda q=q, k=k, v=v: la_kernel.linear_attention_triton(q, k, v, 'elu')),
+            lambda o: [o]))
+    q, k, v = make_qkv(n_small, n_small, sizes.la_heads, sizes.la_head_dim, sizes.la_head_dim,
+                       dtype, DEVICE)
+    grad = torch.randn_like(q)
+    cases.append((f'f+b N={n_small}', lambda: torch.autograd.grad(
+        la_kernel.linear_attention_triton(q, k, v, 'elu'), (q, k, v), grad), list))
+    lim = sizes.sweep_limit
+    variants = [dict(block_state=bs, block_out=bo, num_warps=w, num_stages=st)
+                for bs in (64, 128) for bo in (64, 128) for w in (4, 8) for st in (2, 3)][:lim]
+    variants += [dict(block_bwd_q=bq, block_bwd_kv=bkv, num_warps_bwd=w)
+                 for bq in (32, 64) for bkv in (32, 64, 128) for w in (4, 8)][:lim]
+    variants += [dict(target_programs=tp) for tp in sizes.sweep_programs]
+    out['linear_attention'] = _sweep(la_kernel, variants, cases, deadline)
+
+    s = sizes.ssd_shape
+    length = sizes.sweep_ssd_length
+    leaves = make_ssd_inputs(1, length, s['heads'], s['headdim'], s['groups'], s['d_state'],
+                             dtype, DEVICE)
+    grad_y = torch.randn(1, length, s['heads'], s['headdim'], device=DEVICE).to(dtype)
+    ssd_cases = [
+        (f'fwd L={length}', _no_grad(
+            lambda: ssd_kernel.ssd_scan_triton(*leaves, chunk_size=s['chunk'])), lambda o: [o]),
+        (f'f+b L={length}', lambda: torch.autograd.grad(
+            ssd_kernel.ssd_scan_triton(*leaves, chunk_size=s['chunk']), leaves, grad_y), list)]
+    from mmlinvit.ops.ssd import ssd_scan_torch
+    ref_leaves = [t.detach().float().requires_grad_() for t in leaves]
+    ref_out = ssd_scan_torch(*ref_leaves, chunk_size=s['chunk'])
+    exact = {f'fwd L={length}': [ref_out.detach()],
+             f'f+b L={length}': list(torch.autograd.grad(ref_out, ref_leaves, grad_y.float()))}
+    variants = [dict(num_warps=w, num_stages=st, block_t=bt, block_p=bp)
+                for w in (4, 8) for st in (2, 3) for bt in (32, 64) for bp in (32, 64)][:lim]
+    variants += [dict(num_warps_bwd=w, block_t=bt, split_grad_dots=sp)
+                 for sp in (True, False) for w in (4, 8) for bt in (32, 64)][:lim]
+    out['ssd'] = _sweep(ssd_kernel, variants, ssd_cases, deadline, exact=exact,
+                        exact_names={f'f+b L={length}': ('dx', 'ddt', 'dA', 'dB', 'dC', 'dD')})
+    return out
+
+
+def _no_grad(fn: Callable[[], object]) -> Callable[[], object]:
+    def run():
+        with torch.no_grad():
+            return fn()
+    return run
+
+
+def section_profile(sizes: Sizes, top: int = 12) -> Dict[str, List[Dict[str, object]]]:
+    """Device time per kernel (torch.profiler) of one forward of the ViT-L/14 pair at 1024
+    and of Adventurer-B at the larger pair size: where the time of each model goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from mmlinvit.backbones import Adventurer, VisionTransformer
+    dtype = torch.bfloat16 if not DRY else torch.float32
+    hw_l = sizes.vit_l_sizes[min(1, len(sizes.vit_l_sizes) - 1)]
+    models = {f'ViT-L/14 {op} {hw_l[0]}': (lambda op=op: VisionTransformer(
+        sizes.vit_l, family='dinov2', patch_size=14, img_size=518, attn_cfg=op,
+        out_type='featmap'), hw_l) for op in ('softmax', 'elu')}
+    hw_a = sizes.pair_sizes[-1]
+    models[f'Adventurer-B {hw_a[0]}x{hw_a[1]}'] = (lambda: Adventurer(
+        sizes.adventurer_b, mixer_cfg=sizes.adventurer_mixer, with_mask_token=False,
+        out_type='featmap'), hw_a)
+    activities = [ProfilerActivity.CUDA] if DEVICE.type == 'cuda' else [ProfilerActivity.CPU]
+    out = {}
+    for label, (build, hw) in models.items():
+        torch.manual_seed(0)
+        model = build().to(device=DEVICE, dtype=dtype).eval()
+        images = torch.randn(1, 3, hw[0], hw[1], device=DEVICE, dtype=dtype)
+        with torch.no_grad():
+            model(images)
+            synchronize_device()
+            with profile(activities=activities) as prof:
+                model(images)
+                synchronize_device()
+        key = 'device_time_total' if DEVICE.type == 'cuda' else 'cpu_time_total'
+        events = [e for e in prof.key_averages() if getattr(e, key, 0) > 0]
+        if DEVICE.type == 'cuda':
+            events = [e for e in events if e.device_type.name == 'CUDA'] or events
+        total = sum(getattr(e, key) for e in events) or 1.0
+        events.sort(key=lambda e: getattr(e, key), reverse=True)
+        out[label] = [{'kernel': e.key[:60], 'calls': e.count, 'ms': getattr(e, key) / 1e3,
+                       'share': getattr(e, key) / total} for e in events[:top]]
+        out[label].append({'kernel': 'TOTAL (all kernels)', 'calls': sum(e.count for e in events),
+                           'ms': total / 1e3, 'share': 1.0})
+        del model, images
+        if DEVICE.type == 'cuda':
+            torch.cuda.empty_cache()
+    return out
+
+
+def synchronize_device() -> None:
+    if DEVICE.type == 'cuda':
+        torch.cuda.synchronize(DEVICE)
 
 
 def verdicts(la_rows: List[Dict[str, object]], bb_rows: List[Dict[str, object]]) -> List[str]:
@@ -320,8 +594,11 @@ def verdicts(la_rows: List[Dict[str, object]], bb_rows: List[Dict[str, object]])
                None)
     if elu is not None:
         mem = elu['mem frac']
-        ok = elu['speed x'] >= 1.7 and mem is not None and mem <= 0.4
-        lines.append(f"ViT-L/14 at 1024: {elu['speed x']:.2f}x the softmax model (target 1.7x) "
+        speed = max(x for x in (elu['speed x'], elu['graph speed x']) if x is not None)
+        ok = speed >= 1.7 and mem is not None and mem <= 0.4
+        graph = elu['graph speed x']
+        lines.append(f"ViT-L/14 at 1024: {elu['speed x']:.2f}x the softmax model eager, "
+                     f"{'-' if graph is None else f'{graph:.2f}x'} in CUDA graphs (target 1.7x) "
                      f"at {mem if mem is None else f'{mem:.0%}'} of its activation memory "
                      f"(target <= 40%): {'met' if ok else 'NOT met'}")
     return lines
@@ -362,6 +639,8 @@ def plot(result: Dict[str, object], path: str) -> None:
 
 DEVICE = torch.device('cpu')
 DRY = False
+#: Measured copy bandwidth in TB/s (set by the ceilings section; None before / on CPU).
+COPY_BW: List[Optional[float]] = [None]
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -394,46 +673,97 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(f'device: {name}  torch {torch.__version__}  triton {triton.__version__}  '
           f'peak BW {peak_bw / 1e12:.2f} TB/s{"  (DRY RUN: timings meaningless)" if DRY else ""}')
     t_start = time.perf_counter()
-    ok = True
-    if 'check' in args.sections:
+    json_path = os.path.join(args.out_dir, 'suite.json')
+    result['errors'] = {}
+
+    def run_section(name: str, fn: Callable[[], object]) -> object:
+        """Runs one section; a failure is printed and recorded, and the next section runs."""
+        if name not in args.sections:
+            return None
+        try:
+            return fn()
+        except Exception:  # one broken section must not cost the others' numbers
+            import traceback
+            trace = traceback.format_exc()
+            print(f'section {name} FAILED:\n{trace}')
+            result['errors'][name] = trace[-4000:]
+            if DEVICE.type == 'cuda':
+                torch.cuda.synchronize(DEVICE)
+                torch.cuda.empty_cache()
+            return None
+        finally:
+            result['seconds'] = time.perf_counter() - t_start
+            with open(json_path, 'w') as f:  # after every section: a killed run keeps its part
+                json.dump(result, f, indent=2)
+
+    def elapsed() -> str:
+        return f'[{time.perf_counter() - t_start:.0f} s]'
+
+    def ceilings() -> None:
+        result['ceilings'] = section_ceilings()
+        COPY_BW[0] = result['ceilings']['copy TB/s']
+        print_section(f'0. measured ceilings {elapsed()}:', [result['ceilings']])
+
+    def check() -> bool:
         la_rows, ssd_rows = section_check(sizes)
         result['check_linear_attention'], result['check_ssd'] = la_rows, ssd_rows
         print_section('1. correctness, linear attention (rel. Frobenius error vs fp32 torch path):',
-                    la_rows)
+                      la_rows)
         print_section('   correctness, SSD scan (rel. error vs fp32 chunked torch scan):', ssd_rows)
-        ok = all(r['ok'] == 'PASS' for r in la_rows + ssd_rows)
-        print(f'   correctness {"PASSED" if ok else "FAILED"} '
-              f'[{time.perf_counter() - t_start:.0f} s]')
-    la_rows = []
-    if 'la' in args.sections:
-        la_rows = section_linear_attention(sizes, peak_bw)
-        result['linear_attention'] = la_rows
+        passed = all(r['ok'] == 'PASS' for r in la_rows + ssd_rows)
+        print(f'   correctness {"PASSED" if passed else "FAILED"} {elapsed()}')
+        return passed
+
+    def la() -> List[Dict[str, object]]:
+        rows = section_linear_attention(sizes, peak_bw)
+        result['linear_attention'] = rows
         print_section(f'2. linear attention op, B=1 H={sizes.la_heads} d={sizes.la_head_dim} '
-                    f'ELU+1 (median ms; HBM = fraction of {peak_bw / 1e12:.2f} TB/s) '
-                    f'[{time.perf_counter() - t_start:.0f} s]:', la_rows)
-    if 'ssd' in args.sections:
+                      f'ELU+1 (median ms; graph = CUDA graph replay; HBM = fraction of '
+                      f'{peak_bw / 1e12:.2f} TB/s from graph times) {elapsed()}:', rows)
+        return rows
+
+    def ssd() -> None:
         result['ssd'] = section_ssd(sizes)
-        print_section(f'3. SSD scan {sizes.ssd_shape} (median ms) '
-                    f'[{time.perf_counter() - t_start:.0f} s]:', result['ssd'])
-    bb_rows = []
-    if 'backbones' in args.sections:
-        bb_rows = section_backbones(sizes)
-        result['backbones'] = bb_rows
+        print_section(f'3. SSD scan {sizes.ssd_shape} (median ms) {elapsed()}:', result['ssd'])
+
+    def backbones() -> List[Dict[str, object]]:
+        rows = section_backbones(sizes)
+        result['backbones'] = rows
         print_section('4. backbones, batch 1 inference (act MiB = peak above weights; speed x and '
-                    f'mem frac vs the softmax model) [{time.perf_counter() - t_start:.0f} s]:',
-                    bb_rows)
+                      f'mem frac vs the softmax model) {elapsed()}:', rows)
+        return rows
+
+    def profile_models() -> None:
+        result['profile'] = section_profile(sizes)
+        for name, rows in result['profile'].items():
+            print_section(f'4b. device time per kernel, one forward of {name} {elapsed()}:', rows)
+
+    def sweeps() -> None:
+        result['sweeps'] = section_sweeps(sizes, time.perf_counter() + args.sweep_budget_s)
+        for name, rows in result['sweeps'].items():
+            print_section(f'5. launch sweep, {name} (graph ms; error vs the default launch) '
+                          f'{elapsed()}:', rows)
+
+    run_section('ceilings', ceilings)
+    ok = run_section('check', check) is True or 'check' not in args.sections
+    la_rows = run_section('la', la) or []
+    run_section('ssd', ssd)
+    bb_rows = run_section('backbones', backbones) or []
+    run_section('profile', profile_models)
+    run_section('sweeps', sweeps)
     lines = verdicts(la_rows, bb_rows)
     result['verdicts'] = lines
     result['correctness_ok'] = ok
     result['seconds'] = time.perf_counter() - t_start
     for line in lines:
         print(line)
-    with open(os.path.join(args.out_dir, 'suite.json'), 'w') as f:
+    with open(json_path, 'w') as f:
         json.dump(result, f, indent=2)
     plot(result, os.path.join(args.out_dir, 'suite.png'))
+    failed = sorted(result['errors'])
     print(f'total {result["seconds"]:.0f} s; correctness {"PASSED" if ok else "FAILED"}; '
-          f'wrote {args.out_dir}/suite.json and suite.png')
-    return 0 if ok else 1
+          f'sections failed: {failed or "none"}; wrote {json_path} and suite.png')
+    return 0 if ok and not failed else 1
 
 
 if __name__ == '__main__':

@@ -103,6 +103,32 @@ def _load_tokens(base, t, stride_t, offs_f, stride_f, mask_t, mask_f):
 
 
 @triton.jit
+def _dot_grad(a, b, acc, EXACT_A: tl.constexpr, SPLIT: tl.constexpr,
+              PRECISION: tl.constexpr):
+    """acc + a @ b for the products the gradients of dt and A come from.
+
+    Those gradients are small sums of large terms (dA sums them over every token), so
+    rounding the computed operand to TF32 (2^-11) left 2-5 % error in dA at L = 1k-4k on an
+    H200 (bf16 inputs).  With ``SPLIT`` (the exact operand holds 16-bit values, which TF32
+    represents exactly), the computed operand is split into hi (its bf16 rounding) + lo and
+    multiplied twice: both TF32 products are then exact but for lo's rounding (~2^-20 of the
+    operand).  ``EXACT_A`` says which operand is the exact one.
+    """
+    if SPLIT:
+        if EXACT_A:
+            hi = b.to(tl.bfloat16).to(tl.float32)
+            acc = tl.dot(a, hi, acc, input_precision=PRECISION)
+            acc = tl.dot(a, b - hi, acc, input_precision=PRECISION)
+        else:
+            hi = a.to(tl.bfloat16).to(tl.float32)
+            acc = tl.dot(hi, b, acc, input_precision=PRECISION)
+            acc = tl.dot(a - hi, b, acc, input_precision=PRECISION)
+    else:
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+    return acc
+
+
+@triton.jit
 def _causal_decay(cs_i, cs_j, causal):
     """exp(cs_i - cs_j) where ``causal``, else 0 (the -inf is masked before the exp)."""
     return tl.exp(tl.where(causal, cs_i - cs_j, float('-inf')))
@@ -136,7 +162,7 @@ def _chunk_cumsum_kernel(DT, A, CS, DT_OUT,
     tl.store(DT_OUT + row + offs, dt, mask=in_chunk)
 
 
-@triton.jit(do_not_specialize=['num_heads', 'heads_per_group', 'L', 'Q', 'n_chunks', 'P', 'N'])
+@triton.jit(do_not_specialize=['num_heads', 'heads_per_group', 'L', 'Q', 'n_chunks'])
 def _chunk_state_kernel(X, BM, CS, DT, OUT,
                         stride_xb, stride_xl, stride_xh, stride_xp,
                         stride_bb, stride_bl, stride_bg, stride_bn,
@@ -194,7 +220,7 @@ def _state_passing_kernel(ST, CS, Q, n_chunks, PN, BLOCK_S: tl.constexpr):
         running = running * decay + own
 
 
-@triton.jit(do_not_specialize=['num_heads', 'heads_per_group', 'L', 'Q', 'n_chunks', 'P', 'N'])
+@triton.jit(do_not_specialize=['num_heads', 'heads_per_group', 'L', 'Q', 'n_chunks'])
 def _chunk_scan_fwd_kernel(X, BM, CM, CS, DT, ST, DSKIP, Y,
                            stride_xb, stride_xl, stride_xh, stride_xp,
                            stride_bb, stride_bl, stride_bg, stride_bn,
@@ -279,7 +305,7 @@ def _state_passing_bwd_kernel(DST, ST, CS, DEND_PART, Q, n_chunks, PN,
         running = local + decay * running
 
 
-@triton.jit(do_not_specialize=['num_heads', 'heads_per_group', 'L', 'Q', 'n_chunks', 'P', 'N'])
+@triton.jit(do_not_specialize=['num_heads', 'heads_per_group', 'L', 'Q', 'n_chunks'])
 def _chunk_scan_bwd_dx_kernel(X, BM, CM, DY, CS, DT, DST, DSKIP, DX, DBH, DDT, DD_PART,
                               stride_xb, stride_xl, stride_xh, stride_xp,
                               stride_bb, stride_bl, stride_bg, stride_bn,
@@ -289,7 +315,7 @@ def _chunk_scan_bwd_dx_kernel(X, BM, CM, DY, CS, DT, DST, DSKIP, DX, DBH, DDT, D
                               stride_dbb, stride_dbl, stride_dbh, stride_dbn,
                               num_heads, heads_per_group, L, Q, n_chunks, P, N,
                               HAS_D: tl.constexpr, PRECISION: tl.constexpr,
-                              BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+                              SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
                               BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
     """Per source tile j: g_j = sum_{i>=j} (B_j.C_i) exp(cs_i-cs_j) dy_i + exp(cs_end-cs_j) dS B_j.
 
@@ -321,7 +347,8 @@ def _chunk_scan_bwd_dx_kernel(X, BM, CM, DY, CS, DT, DST, DSKIP, DX, DBH, DDT, D
     d_state = tl.load(DST + pid.to(tl.int64) * P * N + offs_p[:, None] * N + offs_n[None, :],
                       mask=mask_p[:, None] & mask_n[None, :], other=0.0)  # (P, N)
     to_end = tl.where(valid_k, tl.exp(cs_end - cs_k), 0.0)
-    grad = tl.dot(bm, tl.trans(d_state), input_precision=PRECISION) * to_end[:, None]
+    grad = _dot_grad(bm, tl.trans(d_state), tl.zeros((BLOCK_K, BLOCK_P), dtype=tl.float32),
+                     True, SPLIT, PRECISION) * to_end[:, None]
     d_b = tl.dot(xk, d_state, input_precision=PRECISION) * to_end[:, None]
 
     m_start = (pid_k * BLOCK_K // BLOCK_M) * BLOCK_M
@@ -333,7 +360,7 @@ def _chunk_scan_bwd_dx_kernel(X, BM, CM, DY, CS, DT, DST, DSKIP, DX, DBH, DDT, D
         causal = (offs_m[None, :] >= offs_k[:, None]) & valid_m[None, :]
         decay_t = _causal_decay(cs_m[None, :], cs_k[:, None], causal)  # (K, M)
         scores_t = tl.dot(bm, tl.trans(cm), input_precision=PRECISION)  # (K, M)
-        grad = tl.dot(scores_t * decay_t, dym, grad, input_precision=PRECISION)
+        grad = _dot_grad(scores_t * decay_t, dym, grad, False, SPLIT, PRECISION)
         x_dy = tl.dot(xk, tl.trans(dym), input_precision=PRECISION)  # (K, M)
         d_b = tl.dot(x_dy * decay_t, cm, d_b, input_precision=PRECISION)
 
@@ -353,7 +380,7 @@ def _chunk_scan_bwd_dx_kernel(X, BM, CM, DY, CS, DT, DST, DSKIP, DX, DBH, DDT, D
     tl.store(DDT + row0 + offs_k, ddt, mask=in_k)
 
 
-@triton.jit(do_not_specialize=['num_heads', 'heads_per_group', 'L', 'Q', 'n_chunks', 'P', 'N'])
+@triton.jit(do_not_specialize=['num_heads', 'heads_per_group', 'L', 'Q', 'n_chunks'])
 def _chunk_scan_bwd_dc_kernel(X, BM, CM, DY, CS, DT, ST, DCH, DCS,
                               stride_xb, stride_xl, stride_xh, stride_xp,
                               stride_bb, stride_bl, stride_bg, stride_bn,
@@ -361,9 +388,9 @@ def _chunk_scan_bwd_dc_kernel(X, BM, CM, DY, CS, DT, ST, DCH, DCS,
                               stride_gb, stride_gl, stride_gh, stride_gp,
                               stride_dcb, stride_dcl, stride_dch, stride_dcn,
                               num_heads, heads_per_group, L, Q, n_chunks, P, N,
-                              PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
-                              BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr,
-                              BLOCK_N: tl.constexpr):
+                              PRECISION: tl.constexpr, SPLIT: tl.constexpr,
+                              BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+                              BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
     """Per output tile i: per-head dC_i and the target part of d cs_i.
 
     dC_i = exp(cs_i) h_c^T dy_i + sum_{j<=i} exp(cs_i-cs_j) dt_j <dy_i, x_j> B_j and
@@ -390,7 +417,8 @@ def _chunk_scan_bwd_dc_kernel(X, BM, CM, DY, CS, DT, ST, DCH, DCS,
     state = tl.load(ST + pid.to(tl.int64) * P * N + offs_p[:, None] * N + offs_n[None, :],
                     mask=mask_p[:, None] & mask_n[None, :], other=0.0)  # (P, N)
     from_state = tl.where(valid_m, tl.exp(cs_m), 0.0)
-    d_c = tl.dot(dym, state, input_precision=PRECISION) * from_state[:, None]
+    d_c = _dot_grad(dym, state, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), True, SPLIT,
+                    PRECISION) * from_state[:, None]
 
     hi = tl.minimum((pid_m + 1) * BLOCK_M, Q)
     for k0 in range(0, hi, BLOCK_K):
@@ -403,7 +431,7 @@ def _chunk_scan_bwd_dc_kernel(X, BM, CM, DY, CS, DT, ST, DCH, DCS,
                   valid_m[:, None])
         decay = _causal_decay(cs_m[:, None], cs_k[None, :], causal)
         dy_x = tl.dot(dym, tl.trans(xk), input_precision=PRECISION)  # (M, K)
-        d_c = tl.dot(dy_x * decay * dt_k[None, :], bm, d_c, input_precision=PRECISION)
+        d_c = _dot_grad(dy_x * decay * dt_k[None, :], bm, d_c, False, SPLIT, PRECISION)
 
     dcs = tl.sum(d_c * cm, axis=1)
     tl.store(DCH + b * stride_dcb + h * stride_dch + t_m[:, None] * stride_dcl +
@@ -442,7 +470,14 @@ class _LaunchConfig:
         self.num_warps = 4
         many_tiles = self.block_t * max(self.block_p_full, self.block_n) >= 64 * 64
         self.num_warps_bwd = 8 if many_tiles else 4
+        if precision != 'ieee':
+            # H200 sweep (gpu_suite.py, Adventurer-B heads, bf16, L = 16k): forward + backward
+            # 1.92 vs 2.86 ms with 4 warps in the backward (TF32 dots keep the spills small).
+            self.num_warps_bwd = 4
         self.num_stages = 2
+        #: Split the computed operand of the dt / A gradient products into hi + lo
+        #: (:func:`_dot_grad`); None = where the dots are TF32 and the exact operands 16-bit.
+        self.split_grad_dots: Optional[bool] = None
 
     def options(self, backward: bool = False) -> dict:
         """Launch keyword arguments shared by the matmul kernels."""
@@ -510,6 +545,11 @@ def _backward(dy: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tens
     dev = x.device
     dims = (heads, per_group, length, chunk_size, n_chunks, headdim, d_state)
     opts = cfg.options(backward=True)
+    split = cfg.split_grad_dots
+    if split is None:  # TF32 dots, and 16-bit values (exact in TF32) in B, C, x and dy
+        split = cfg.precision == 'tf32' and all(t.dtype in (torch.bfloat16, torch.float16)
+                                                for t in (x, B, C, dy))
+    matmul_opts = dict(opts, SPLIT=bool(split))
 
     d_states = torch.empty_like(states)
     _chunk_state_kernel[(bh * n_chunks, triton.cdiv(headdim, cfg.block_p))](
@@ -530,13 +570,13 @@ def _backward(dy: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tens
         x, B, C, dy, cs, dt32, d_states, D if D is not None else A, dx, db_head, ddt_direct,
         dd_part, *x.stride(), *B.stride(), *C.stride(), *dy.stride(), *dx.stride(),
         *db_head.stride(), *dims, HAS_D=D is not None, BLOCK_M=cfg.block_t,
-        BLOCK_K=cfg.block_t, BLOCK_P=cfg.block_p_full, **opts)
+        BLOCK_K=cfg.block_t, BLOCK_P=cfg.block_p_full, **matmul_opts)
     dc_head = torch.empty_like(db_head)
     dcs = torch.empty_like(cs)
     _chunk_scan_bwd_dc_kernel[(bh * n_chunks, n_tiles)](
         x, B, C, dy, cs, dt32, states, dc_head, dcs, *x.stride(), *B.stride(), *C.stride(),
         *dy.stride(), *dc_head.stride(), *dims, BLOCK_M=cfg.block_t, BLOCK_K=cfg.block_t,
-        BLOCK_P=cfg.block_p_full, **opts)
+        BLOCK_P=cfg.block_p_full, **matmul_opts)
 
     # d cs -> d a (a = A dt) by a reverse cumsum within chunks -> d dt, dA.
     chunked = (bh, n_chunks, chunk_size)
