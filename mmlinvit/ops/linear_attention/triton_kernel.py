@@ -400,7 +400,9 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, feature: int, in
     state, z = _sum_parts(s_part), _sum_parts(z_part)
     vbar = _sum_parts(vbar_part) if inline else None
 
-    out = torch.empty(batch, heads, n, e, dtype=v.dtype, device=dev)
+    # Token-major storage (B, N, H, e), returned as the (B, H, N, e) view: the attention
+    # layers' transpose(1, 2).reshape(B, N, H * e) is then a view, not a copy per layer.
+    out = torch.empty(batch, n, heads, e, dtype=v.dtype, device=dev).transpose(1, 2)
     _output_kernel[(bh, triton.cdiv(n, cfg.block_out))](
         q, state, z, vbar if inline else z, out, *_strides(q), *_strides(out), heads, n, d, e,
         float(eps), float(scale), FEATURE=feature, INLINE=inline, BLOCK_N=cfg.block_out,
