@@ -23,14 +23,9 @@ import torch
 import torch.nn as nn
 
 from mmlinvit.layers.pos_embed import infer_square_grid, resample_pos_grid
+from mmlinvit.ops.graph_capture import capturing_graph
 from .checkpointing import run_block
 from .outputs import format_tokens, resolve_out_indices
-
-
-def _tracing() -> bool:
-    """Whether the forward is being traced (jit trace, ONNX export, torch.compile)."""
-    return (torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
-            or torch.compiler.is_compiling())
 
 
 class TokenBackbone(nn.Module):
@@ -200,7 +195,7 @@ class TokenBackbone(nn.Module):
         pos = self.pos_embed
         if tuple(hw_shape) == tuple(self.pos_grid):
             return self.patch_rows(pos)
-        if (torch.is_grad_enabled() and pos.requires_grad) or _tracing():
+        if (torch.is_grad_enabled() and pos.requires_grad) or capturing_graph():
             return resample_pos_grid(self.patch_rows(pos), self.pos_grid, hw_shape,
                                      self.pos_interp)
         key = (tuple(hw_shape), pos.data_ptr(), pos._version, pos.dtype, pos.device,

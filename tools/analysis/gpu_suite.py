@@ -69,7 +69,7 @@ sys.path.insert(0, ROOT)
 from mmlinvit.analysis.kernel_checks import (check_linear_attention,  # noqa: E402
                                              check_ssd, make_qkv, make_ssd_inputs)
 from mmlinvit.utils.benchmarking import (cuda_peak_memory, print_table,  # noqa: E402
-                                         time_round_robin)
+                                         rel_err, time_round_robin)
 
 #: Sections in run order (``--sections`` picks a subset).
 SECTIONS = ('ceilings', 'check', 'la', 'ssd', 'backbones', 'profile', 'sweeps')
@@ -459,11 +459,9 @@ def _sweep(module: ModuleType, variants: List[Dict[str, object]],
                 err = 0.0
                 for name, run, outputs in cases:
                     got = outputs(run())
-                    err = max([err] + [float((g.float() - w).norm() / w.norm().clamp_min(1e-30))
-                                       for g, w in zip(got, reference[name])])
+                    err = max([err] + [rel_err(g, w) for g, w in zip(got, reference[name])])
                     if exact and name in exact:
-                        errs = [float((g.float() - w).norm() / w.norm().clamp_min(1e-30))
-                                for g, w in zip(got, exact[name])]
+                        errs = [rel_err(g, w) for g, w in zip(got, exact[name])]
                         names = (exact_names or {}).get(name)
                         if names:
                             row.update({f'{n} err': e for n, e in zip(names, errs)})
