@@ -76,6 +76,31 @@ def test_elu_forward_and_gradients_ragged(kernels, n):
     _check(out, _reference(q, k, v, 'elu'), (q, k, v), (q, k, v), 1e-5, 1e-4)
 
 
+@pytest.mark.parametrize('target,n', [(1, 1025), (3, 197), (4, 449), (8, 449)])
+@run_here
+def test_output_kernel_tiles_per_program(kernels, monkeypatch, target, n):
+    """Several query tiles per output program (the last program's tail masked), ELU and
+    InLine, against the torch path; ``target`` programs over 2 heads."""
+    fused, device = kernels
+    base = fused._LaunchConfig
+
+    class Tiled(base):
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.target_programs_out = target
+
+    monkeypatch.setattr(fused, '_LaunchConfig', Tiled)
+    cfg = Tiled(64, 48, device, 'ieee')
+    per_program, programs = cfg.output_tiling(n, 2)
+    assert per_program > 1 and per_program * programs * cfg.block_out >= n
+    q, k, v = _qkv(n, n + 7, 64, 48, device)
+    out = fused.linear_attention_triton(q, k, v, 'elu')
+    _check(out, _reference(q, k, v, 'elu'), (q, k, v), (q, k, v), 1e-5, 1e-4)
+    out = fused.inline_attention_triton(q, k, v, 0.05)
+    _check(out, inline_attention_torch(q, k, v, 0.05), (q, k, v), (q, k, v), 1e-5, 1e-4)
+
+
 @pytest.mark.parametrize('feature_map,n,m,d,e', [
     ('elu', 63, 197, 16, 16),
     ('elu', 197, 63, 48, 40),

@@ -99,6 +99,7 @@ class Sizes:
     sweep_tokens: Tuple[int, int] = (16384, 65536)
     sweep_ssd_length: int = 16384
     sweep_programs: Tuple[int, ...] = (132, 264, 1056)
+    sweep_programs_out: Tuple[int, ...] = (264, 528, 1056, 2112)
     sweep_limit: Optional[int] = None  # most variants per list (dry run: a few)
 
 
@@ -136,7 +137,7 @@ def dry_sizes() -> Sizes:
         extra_la_cases=[('elu d=12 e=10 ragged', 29, 29, 2, 12, 10, torch.float16, 'elu'),
                         ('inline', 33, 33, 2, 16, 16, torch.bfloat16, 'inline'),
                         ('elu cross N!=M', 17, 41, 2, 16, 16, torch.bfloat16, 'elu')],
-        sweep_tokens=(40, 70), sweep_ssd_length=40, sweep_programs=(4, ), sweep_limit=2)
+        sweep_tokens=(40, 70), sweep_ssd_length=40, sweep_programs=(4, ), sweep_programs_out=(2, ), sweep_limit=2)
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -150,6 +151,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument('--sections', nargs='+', default=list(SECTIONS), choices=list(SECTIONS))
     parser.add_argument('--sweep-budget-s', type=float, default=120.0,
                         help='the sweeps stop starting variants after this many seconds')
+    parser.add_argument('--sweep-kernels', nargs='+', default=['la', 'ssd'],
+                        choices=['la', 'ssd'], help='kernels the sweeps cover')
     return parser.parse_args(argv)
 
 
@@ -476,8 +479,10 @@ def _sweep(module: ModuleType, variants: List[Dict[str, object]],
     return rows
 
 
-def section_sweeps(sizes: Sizes, deadline: float) -> Dict[str, List[Dict[str, object]]]:
-    """Launch-parameter sweeps of the linear attention and SSD kernels (forward and f+b)."""
+def section_sweeps(sizes: Sizes, deadline: float,
+                   kernels: Tuple[str, ...] = ('la', 'ssd')) -> Dict[str, List[Dict[str, object]]]:
+    """Launch-parameter sweeps of the linear attention and (``'ssd'`` in ``kernels``) the SSD
+    kernels, forward and f+b."""
     la_kernel, ssd_kernel = _kernels()
     dtype = torch.bfloat16 if not DRY else torch.float32
     out: Dict[str, List[Dict[str, object]]] = {}
@@ -500,7 +505,11 @@ def section_sweeps(sizes: Sizes, deadline: float) -> Dict[str, List[Dict[str, ob
     variants += [dict(block_bwd_q=bq, block_bwd_kv=bkv, num_warps_bwd=w)
                  for bq in (32, 64) for bkv in (32, 64, 128) for w in (4, 8)][:lim]
     variants += [dict(target_programs=tp) for tp in sizes.sweep_programs]
+    variants += [dict(target_programs_out=tp, num_stages=st)
+                 for tp in sizes.sweep_programs_out for st in (2, 3)][:lim]
     out['linear_attention'] = _sweep(la_kernel, variants, cases, deadline)
+    if 'ssd' not in kernels:
+        return out
 
     s = sizes.ssd_shape
     length = sizes.sweep_ssd_length
@@ -737,7 +746,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             print_section(f'4b. device time per kernel, one forward of {name} {elapsed()}:', rows)
 
     def sweeps() -> None:
-        result['sweeps'] = section_sweeps(sizes, time.perf_counter() + args.sweep_budget_s)
+        result['sweeps'] = section_sweeps(sizes, time.perf_counter() + args.sweep_budget_s,
+                                          tuple(args.sweep_kernels))
         for name, rows in result['sweeps'].items():
             print_section(f'5. launch sweep, {name} (graph ms; error vs the default launch) '
                           f'{elapsed()}:', rows)

@@ -148,38 +148,42 @@ def _state_kernel(K, V, S_PART, Z_PART, VBAR_PART,
         tl.store(VBAR_PART + part * BLOCK_E + offs_e, acc_v * inv_m)
 
 
-@triton.jit(do_not_specialize=['num_heads', 'N', 'D', 'E'])
+@triton.jit(do_not_specialize=['num_heads', 'N', 'D', 'E', 'tiles_per_program'])
 def _output_kernel(Q, S, Z, VBAR, O,
                    stride_qb, stride_qh, stride_qn, stride_qd,
                    stride_ob, stride_oh, stride_on, stride_oe,
-                   num_heads, N, D, E, eps, scale,
+                   num_heads, N, D, E, eps, scale, tiles_per_program,
                    FEATURE: tl.constexpr, INLINE: tl.constexpr, PRECISION: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
                    EVEN_D: tl.constexpr, EVEN_E: tl.constexpr):
-    """out = phi(Q) S / (phi(Q) z + eps), or InLine s Q S + (1 - s Q kbar) vbar, per query tile."""
+    """out = phi(Q) S / (phi(Q) z + eps), or InLine s Q S + (1 - s Q kbar) vbar, for
+    ``tiles_per_program`` consecutive query tiles (the head's state is loaded once)."""
     b, h, bh = _head_program(tl.program_id(0), num_heads)
     pid_n = tl.program_id(1)
-
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_e = tl.arange(0, BLOCK_E)
-    mask_n = offs_n < N
-    mask_q = _tile_mask(mask_n, offs_d, D, EVEN_D, BLOCK_N, BLOCK_D)
-    mask_o = _tile_mask(mask_n, offs_e, E, EVEN_E, BLOCK_N, BLOCK_E)
-
     state = _load_padded_matrix(S, bh, offs_d, offs_e, BLOCK_D, BLOCK_E)
     z = tl.load(Z + bh * BLOCK_D + offs_d)
-    q = _load_rows(Q + b * stride_qb + h * stride_qh, offs_n, stride_qn, offs_d, stride_qd, mask_q)
-    phi_q = tl.where(mask_q, _feature(q, FEATURE), 0.0)
-    num = tl.dot(phi_q, state, input_precision=PRECISION)
-    qz = tl.sum(phi_q * z[None, :], axis=1)
     if INLINE:
         vbar = tl.load(VBAR + bh * BLOCK_E + offs_e)
-        out = scale * num + (1.0 - scale * qz)[:, None] * vbar[None, :]
-    else:
-        out = num / (qz + eps)[:, None]
-    tl.store(O + b * stride_ob + h * stride_oh + offs_n[:, None].to(tl.int64) * stride_on +
-             offs_e[None, :] * stride_oe, out.to(O.dtype.element_ty), mask=mask_o)
+    q_base = Q + b * stride_qb + h * stride_qh
+    o_base = O + b * stride_ob + h * stride_oh
+
+    for t in range(0, tiles_per_program):
+        offs_n = (pid_n * tiles_per_program + t) * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < N
+        mask_q = _tile_mask(mask_n, offs_d, D, EVEN_D, BLOCK_N, BLOCK_D)
+        mask_o = _tile_mask(mask_n, offs_e, E, EVEN_E, BLOCK_N, BLOCK_E)
+        q = _load_rows(q_base, offs_n, stride_qn, offs_d, stride_qd, mask_q)
+        phi_q = tl.where(mask_q, _feature(q, FEATURE), 0.0)
+        num = tl.dot(phi_q, state, input_precision=PRECISION)
+        qz = tl.sum(phi_q * z[None, :], axis=1)
+        if INLINE:
+            out = scale * num + (1.0 - scale * qz)[:, None] * vbar[None, :]
+        else:
+            out = num / (qz + eps)[:, None]
+        tl.store(o_base + offs_n[:, None].to(tl.int64) * stride_on + offs_e[None, :] * stride_oe,
+                 out.to(O.dtype.element_ty), mask=mask_o)
 
 
 @triton.jit(do_not_specialize=['num_heads', 'N', 'D', 'E', 'tiles_per_chunk'])
@@ -339,6 +343,8 @@ class _LaunchConfig:
                 device).multi_processor_count
         else:  # interpreter: several chunks per head to exercise the partial-sum path
             self.target_programs = 0
+        #: Output-kernel programs to aim at (None: one query tile per program).
+        self.target_programs_out: Optional[int] = None
 
     def chunking(self, tokens: int, batch_heads: int, block: int) -> Tuple[int, int]:
         """(tiles per chunk, number of chunks) for a reduction over ``tokens`` tokens."""
@@ -350,6 +356,21 @@ class _LaunchConfig:
             tiles_per_chunk = 4
         tiles_per_chunk = min(tiles_per_chunk, tiles)
         return tiles_per_chunk, triton.cdiv(tiles, tiles_per_chunk)
+
+    def output_tiling(self, tokens: int, batch_heads: int) -> Tuple[int, int]:
+        """(query tiles per program, programs per head) of the output kernel.
+
+        ``target_programs_out`` bounds the programs (None: one tile per program); the
+        interpreter takes 2 tiles per program, so the tests run the loop.
+        """
+        tiles = triton.cdiv(tokens, self.block_out)
+        if self.target_programs_out is None:
+            per_program = 1 if self.target_programs > 0 else 2
+        else:
+            per_head = max(1, triton.cdiv(self.target_programs_out, batch_heads))
+            per_program = triton.cdiv(tiles, per_head)
+        per_program = max(1, min(per_program, tiles))
+        return per_program, triton.cdiv(tiles, per_program)
 
     def kernel_options(self, backward: bool = False) -> dict:
         """Launch keyword arguments shared by the forward (or the backward) kernels."""
@@ -403,10 +424,11 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, feature: int, in
     # Token-major storage (B, N, H, e), returned as the (B, H, N, e) view: the attention
     # layers' transpose(1, 2).reshape(B, N, H * e) is then a view, not a copy per layer.
     out = torch.empty(batch, n, heads, e, dtype=v.dtype, device=dev).transpose(1, 2)
-    _output_kernel[(bh, triton.cdiv(n, cfg.block_out))](
+    tiles_per_program, n_programs = cfg.output_tiling(n, bh)
+    _output_kernel[(bh, n_programs)](
         q, state, z, vbar if inline else z, out, *_strides(q), *_strides(out), heads, n, d, e,
-        float(eps), float(scale), FEATURE=feature, INLINE=inline, BLOCK_N=cfg.block_out,
-        **opts)
+        float(eps), float(scale), tiles_per_program, FEATURE=feature, INLINE=inline,
+        BLOCK_N=cfg.block_out, **opts)
     return out, state, z, vbar
 
 
