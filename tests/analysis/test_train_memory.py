@@ -39,6 +39,8 @@ def test_train_memory_runs_real_steps_with_and_without_cp(tmp_path, capsys):
         assert r['cp_backbones'] == 1 and r['crop'] == 128 and r['batch'] == 2
         assert r['step_mib'] > 0 and r['params_mib'] > 0 and r['optimizer_mib'] > 0
         assert r['loss'] == r['loss'] and r['loss'] > 0  # finite, positive CE
+        # children measure with the fixed glibc mmap threshold (RSS tracks live tensors)
+        assert 'EXACT_RSS_ENV' in r['memory_method'], r['memory_method']
     assert {(r['precision'], r['with_cp']) for r in rows} == {
         ('fp32', False), ('fp32', True), ('bf16', False), ('bf16', True)}
     out = capsys.readouterr().out

@@ -14,7 +14,10 @@ student of a distillation model).
 
 Memory:
 
-* CPU: every case runs in a fresh subprocess.  A warm-up step on a 2 x 2 patch-grid crop
+* CPU: every case runs in a fresh subprocess started with
+  :data:`mmlinvit.utils.benchmarking.EXACT_RSS_ENV` (glibc serves large blocks by mmap, so
+  RSS tracks live tensors; ``step s`` is therefore a little pessimistic).  A warm-up step on
+  a 2 x 2 patch-grid crop
   allocates the optimizer state and makes kernels / thread pools resident; then freed heap
   is returned (``malloc_trim``), the peak-RSS mark reset (``/proc/self/clear_refs`` = 5), and
   the step's memory is the peak RSS during the measured step minus the RSS before it
@@ -48,7 +51,8 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from mmlinvit.utils.benchmarking import proc_status_mib, write_json  # noqa: E402
+from mmlinvit.utils.benchmarking import (exact_rss, proc_status_mib, run_json_child,  # noqa: E402
+                                         write_json)
 
 #: Backbone types that take ``with_cp`` (scope prefix stripped).
 CP_BACKBONES = ('VisionTransformer', 'LinearVisionTransformer', 'Adventurer')
@@ -260,7 +264,9 @@ def measure_case(config: str, crop: Optional[int], precision: str, with_cp: bool
         losses = step(crop)
         peak = proc_status_mib('VmHWM') - before
         method = ('fresh subprocess per case; peak RSS (VmHWM reset via /proc/self/clear_refs) '
-                  'during the step minus RSS before it, after a warm-up step and malloc_trim')
+                  'during the step minus RSS before it, after a warm-up step and malloc_trim'
+                  + ('; glibc mmap threshold fixed at 1 MiB (EXACT_RSS_ENV)' if exact_rss()
+                     else ''))
     seconds = time.perf_counter() - t0
     loss = float(sum(v for k, v in losses.items() if k.startswith('loss') or k == 'loss'))
     return dict(config=os.path.relpath(config, ROOT) if os.path.isabs(config) else config,
@@ -271,20 +277,18 @@ def measure_case(config: str, crop: Optional[int], precision: str, with_cp: bool
 
 
 def run_case_subprocess(args: argparse.Namespace, spec: Dict[str, Any]) -> Dict[str, Any]:
+    """One case in a fresh interpreter started with :data:`EXACT_RSS_ENV` (peak RSS then tracks
+    live tensors, not the allocator's history); errors come back as the row's ``error``."""
     cmd = [sys.executable, os.path.abspath(__file__), spec['config'], '--child', json.dumps(spec)]
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
-    env['PYTHONPATH'] = os.pathsep.join(filter(None, [ROOT, env.get('PYTHONPATH')]))
     base = dict(config=spec['config'], crop=spec['crop'], precision=spec['precision'],
                 with_cp=spec['with_cp'])
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
+        return run_json_child(cmd, args.threads, ROOT, exact_memory=True,
                               timeout=args.case_timeout)
     except subprocess.TimeoutExpired:
         return dict(base, error=f'timeout after {args.case_timeout:.0f} s')
-    if proc.returncode != 0:
-        lines = proc.stderr.strip().splitlines() or ['(no stderr)']
-        return dict(base, error=f'exit {proc.returncode}: {lines[-1][:200]}')
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    except RuntimeError as exc:
+        return dict(base, error=str(exc)[:200])
 
 
 def print_table(rows: List[Dict[str, Any]]) -> None:
