@@ -357,6 +357,22 @@ def test_gated_norm_in_place_matches_and_leaves_other_inputs_alone(norm_before_g
     torch.testing.assert_close(half, norm(x.bfloat16(), z.bfloat16()), rtol=0, atol=0)
 
 
+def test_gated_norm_in_place_rows_per_step_do_not_change_values(monkeypatch):
+    """All rows at once (the accelerator path) and small steps (the CPU path) agree bitwise."""
+    import mmlinvit.layers.norm as norm_module
+    norm = norm_module.GatedRMSNorm(24, group_size=8)
+    torch.nn.init.normal_(norm.weight)
+    x, z = torch.randn(3, 301, 24), torch.randn(3, 301, 24)
+    results = []
+    for rows in (7, 256, 10**9):
+        monkeypatch.setattr(norm_module, 'IN_PLACE_ROWS', rows)
+        with torch.no_grad():
+            results.append(norm(x.clone(), z.clone(), consume=True))
+    for got in results[1:]:
+        torch.testing.assert_close(got, results[0], rtol=0, atol=0)
+    torch.testing.assert_close(results[0], norm(x, z).detach(), rtol=0, atol=0)
+
+
 def test_unknown_ssd_backend_fails_at_build_listing_the_backends():
     from mmlinvit.layers.mamba2 import Mamba2Mixer
     with pytest.raises(ValueError, match=r"unknown ssd_backend 'cuda'.*'torch', 'naive', 'triton'"):
