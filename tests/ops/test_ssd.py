@@ -196,7 +196,8 @@ def test_memory_is_linear_in_length():
         with torch.no_grad(), _MaxNumel() as mode:
             ssd_scan_torch(*args, chunk_size=16)
         peaks.append(mode.max_numel)
-        assert mode.max_numel <= 2 * length * 16  # (chunks, H, Q, Q) = L * H * Q << L * L
+        # (chunks, H, Q, Q + N) = L * H * (Q + N) << L * L
+        assert mode.max_numel <= 2 * length * (16 + 4)
     assert peaks[1] <= 2 * peaks[0]
 
 
@@ -305,24 +306,66 @@ def test_rms_norms():
 @pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
 def test_inference_steps_bound_memory_without_changing_the_result(monkeypatch, dtype):
     """Without gradients the scan runs a few chunks at a time (INFERENCE_STEP_BYTES) and
-    writes into one output; the result is the one-step (training) result and the oracle's."""
+    writes into one output; the result is the one-step result and the oracle's."""
     from mmlinvit.ops.ssd import torch_impl
     x, dt, A, B, C, D = (t.to(dtype) for t in make_inputs(2, 77, 4, 8, 2, 16))
     with torch.no_grad():
         one_step = torch_impl.ssd_scan_torch(x, dt, A, B, C, D, chunk_size=8,
                                              chunks_per_step=100)
-        monkeypatch.setattr(torch_impl, 'INFERENCE_STEP_BYTES', 2 * (2 * 4 * 8 * 8 * 4))
-        assert torch_impl._auto_chunks_per_step(2, 4, 8, 10, needs_grad=False) == 2
-        assert torch_impl._auto_chunks_per_step(2, 4, 8, 10, needs_grad=True) == 10
-        monkeypatch.setattr(torch_impl, 'capturing_graph', lambda: True)  # export / compile
-        assert torch_impl._auto_chunks_per_step(2, 4, 8, 10, needs_grad=False) == 10
-        monkeypatch.setattr(torch_impl, 'capturing_graph', lambda: False)
+        # (batch 2, H 4, Q 8, Q + N 24) fp32 per chunk: two chunks per step
+        monkeypatch.setattr(torch_impl, 'INFERENCE_STEP_BYTES', 2 * (2 * 4 * 8 * 24 * 4))
+        assert torch_impl._inference_chunks_per_step(2, 4, 8, 16, 10) == 2
         stepped = torch_impl.ssd_scan_torch(x, dt, A, B, C, D, chunk_size=8)
     assert stepped.dtype == dtype
     torch.testing.assert_close(stepped, one_step, rtol=0, atol=0)
     ref = ssd_scan_naive(*(t.double() for t in (x, dt, A, B, C, D)))
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(stepped.double(), ref, rtol=tol, atol=tol)
+
+
+def _differentiable_form(monkeypatch):
+    """Routes ssd_scan_torch through the one-step chunked form (as under graph capture)."""
+    from mmlinvit.ops.ssd import torch_impl
+    monkeypatch.setattr(torch_impl, 'capturing_graph', lambda: True)
+
+
+@pytest.mark.parametrize('groups', [1, 2])
+@pytest.mark.parametrize('length,chunk_size', [(1, 256), (63, 16), (64, 64), (200, 256),
+                                               (333, 64)])
+def test_inference_form_is_exact_in_fp64_and_matches_the_chunked_form(
+        monkeypatch, length, chunk_size, groups):
+    """The inference form (chunks of <= INFERENCE_CHUNK tokens, one [W | E] @ [X ; S]
+    product per chunk and head) against the oracle in fp64, and against the differentiable
+    chunked form in fp32, with and without D."""
+    from mmlinvit.ops.ssd import torch_impl
+    args = make_inputs(batch=2, length=length, heads=4, headdim=8, groups=groups, d_state=16,
+                       a_range=(0.05, 2.0), dtype=torch.float64)
+    with torch.no_grad():
+        out = torch_impl.ssd_scan_torch(*args, chunk_size=chunk_size)
+        torch.testing.assert_close(out, ssd_scan_naive(*args), rtol=1e-10, atol=1e-10)
+        no_d = torch_impl.ssd_scan_torch(*args[:5], chunk_size=chunk_size)
+        torch.testing.assert_close(no_d, ssd_scan_naive(*args[:5]), rtol=1e-10, atol=1e-10)
+        fast = torch_impl.ssd_scan_torch(*(t.float() for t in args), chunk_size=chunk_size)
+        _differentiable_form(monkeypatch)
+        chunked = torch_impl.ssd_scan_torch(*(t.float() for t in args), chunk_size=chunk_size)
+    torch.testing.assert_close(fast, chunked, rtol=1e-5, atol=1e-5)
+
+
+def test_inference_form_with_positive_decays_and_mixer_strided_views():
+    """Outside the Mamba-2 contract (A > 0 for some heads: the general masked decay) and with
+    x / B / C as the mixer passes them (channel-major views of one xBC buffer)."""
+    x, dt, A, B, C, D = make_inputs(batch=2, length=90, heads=4, headdim=8, groups=1,
+                                    d_state=16, a_range=(0.01, 0.05), dtype=torch.float64)
+    A = A * torch.tensor([1.0, -1.0, 1.0, -1.0], dtype=torch.float64)  # two growing heads
+    xbc = torch.cat([x.flatten(2), B.flatten(2), C.flatten(2)], dim=-1)
+    xbc = xbc.transpose(1, 2).contiguous().transpose(1, 2).float()  # token stride 1
+    xs, bs, cs = torch.split(xbc, [32, 16, 16], dim=-1)
+    with torch.no_grad():
+        out = ssd_scan_torch(xs.reshape(2, 90, 4, 8), dt.float(), A.float(),
+                             bs.reshape(2, 90, 1, 16), cs.reshape(2, 90, 1, 16), D.float(),
+                             chunk_size=256)
+    torch.testing.assert_close(out.double(), ssd_scan_naive(x, dt, A, B, C, D), rtol=1e-4,
+                               atol=1e-4)
 
 
 def test_nonpositive_decay_fast_path_equals_the_masked_form():

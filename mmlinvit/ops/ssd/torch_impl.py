@@ -17,6 +17,12 @@ the decays, and so the cumulative sums, are large.  Everything runs in fp32
 (fp64 when the inputs are fp64, which lets tests check the algebra to ~1e-12).
 The largest temporaries are (batch, chunks, H, Q, Q): O(L * H * Q) memory, linear in the
 sequence length for a fixed chunk size; ``chunks_per_step`` bounds them further.
+
+Two forms share these formulas.  With autograd, or while a graph is captured (ONNX / export /
+compile), :func:`_scan_chunk_block` runs all chunks as one vectorised step (the differentiable
+form; in place when no gradient is needed).  Without autograd, :func:`_scan_inference` runs
+chunks of at most :data:`INFERENCE_CHUNK` tokens a few at a time into one output, each
+chunk's outputs from one product per head (same values up to fp32 rounding).
 """
 import math
 from typing import Optional, Tuple
@@ -33,9 +39,9 @@ from .checks import check_chunk_size, check_ssd_inputs
 #: nothing overflows, and are masked out of the result.
 LOG_DECAY_FLOOR = -80.0
 
-#: Without gradients, the chunks of one step are chosen so that one (batch, step, H, Q, Q)
-#: fp32 buffer stays within this many bytes (the within-chunk buffers are the largest
-#: temporaries: at Q = 256 and 24 heads one chunk is 6 MiB).
+#: Without gradients, the chunks of one step are chosen so that the (batch, step, H, Q, Q + N)
+#: fp32 operand of :func:`_scan_inference` stays within this many bytes (the within-chunk
+#: buffers are the largest temporaries: at Q = 64, N = 64 and 24 heads one chunk is 0.75 MiB).
 INFERENCE_STEP_BYTES = 8 << 20
 
 
@@ -159,15 +165,127 @@ def _scan_chunk_block(
     return y, state
 
 
-def _auto_chunks_per_step(batch: int, heads: int, chunk_size: int, num_chunks: int,
-                          needs_grad: bool) -> int:
-    """Chunks per step when the caller did not choose: all of them when gradients are needed
-    (autograd keeps every step's buffers anyway) or a graph is captured (ONNX / export /
-    compile: the loop would be unrolled), else as many as keep one (batch, step, H, Q, Q)
-    fp32 buffer within :data:`INFERENCE_STEP_BYTES`."""
-    if needs_grad or capturing_graph():  # a captured graph: one vectorised step, no unrolling
-        return num_chunks
-    per_chunk = batch * heads * chunk_size * chunk_size * 4
+#: Without autograd (and outside graph capture) the scan works in chunks of at most this many
+#: tokens, whatever ``chunk_size`` asks for: the outputs do not depend on the chunk length
+#: (only rounding does), and on CPU the within-chunk work (``H x Q x Q`` decays, ``Q x Q``
+#: products per head) costs more than the extra state passing from Q = 64 up (Adventurer-B
+#: at 2050 tokens, 2 threads: 11 ms per scan at Q = 64, 42 ms for the chunk-256 form).
+INFERENCE_CHUNK = 64
+
+
+def _scan_inference(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                    C: torch.Tensor, D: Optional[torch.Tensor], chunk_size: int,
+                    chunks_per_step: Optional[int], nonpositive: bool) -> torch.Tensor:
+    """The scan without autograd: per head, one product per chunk gives every output.
+
+    Per chunk and head, with ``cum_i`` the log decay summed from the chunk start to token i,
+    ``y = [W | E] @ [X ; S]`` where ``W_ij = exp(cum_i - cum_j) (C_i . B_j)`` (causal),
+    ``X_j = dt_j x_j``, ``E_i = exp(cum_i) C_i`` and ``S`` the (N, P) state entering the
+    chunk; the chunk's own state ``sum_j exp(cum_end - cum_j) B_j X_j^T`` is one product too.
+    The two halves of each operand are written into buffers kept for the whole scan (fresh
+    buffers per step cost more in page faults than the passes over them), the products are
+    batched over (batch, chunks, heads), and the state recurrence is a loop over chunks.
+
+    Args:
+        x, dt, A, B, C, D: As :func:`ssd_scan_torch`.
+        chunk_size: Tokens per chunk Q.
+        chunks_per_step: Chunks per step (``None``: as many as keep the (Q, Q + N) operand
+            of a step within :data:`INFERENCE_STEP_BYTES`).
+        nonpositive: Every log decay is <= 0 (see :func:`_unmasked_decay`).
+
+    Returns:
+        y (batch, L, H, P) in the dtype of ``x``.
+    """
+    batch, length, heads, headdim = x.shape
+    groups, d_state = B.shape[2], B.shape[3]
+    per_group = heads // groups
+    q = chunk_size
+    num_chunks = math.ceil(length / q)
+    acc = torch.promote_types(x.dtype, torch.float32)
+    step = min(chunks_per_step or _inference_chunks_per_step(batch, heads, q, d_state,
+                                                             num_chunks), num_chunks)
+    a32 = A.to(acc)
+    d32 = None if D is None else D.to(acc)[:, None]
+    causal = torch.ones(q, q, dtype=torch.bool, device=x.device).tril()
+
+    # lhs = [W | E] (batch, step, H, Q, Q + N); rhs = [X ; S] (batch, step, H, Q + N, P).
+    lhs = x.new_empty((batch, step, heads, q, q + d_state), dtype=acc)
+    rhs = x.new_empty((batch, step, heads, q + d_state, headdim), dtype=acc)
+    state = x.new_zeros((batch, heads, d_state, headdim), dtype=acc)  # (N, P) per head
+    out = x.new_empty(x.shape)
+    for first in range(0, num_chunks, step):
+        k = min(step, num_chunks - first)
+        t0, t1 = first * q, min((first + k) * q, length)
+        pad = (first + k) * q - t1
+        lhs_k, rhs_k = lhs[:, :k], rhs[:, :k]
+        dt_c = _pad_tokens(dt[:, t0:t1].to(acc), pad).view(batch, k, q, heads)
+        x_c = _pad_tokens(x[:, t0:t1], pad).view(batch, k, q, heads, headdim)
+        b_c = _pad_tokens(B[:, t0:t1], pad).view(batch, k, q, groups, d_state)
+        c_c = _pad_tokens(C[:, t0:t1], pad).view(batch, k, q, groups, d_state)
+        b_t = b_c.to(acc).permute(0, 1, 3, 4, 2).contiguous()  # (batch, k, G, N, Q)
+        c_g = c_c.to(acc).permute(0, 1, 3, 2, 4)  # (batch, k, G, Q, N)
+
+        # X = dt x, head-major, into the top of rhs.
+        xdt = rhs_k[..., :q, :]
+        torch.mul(x_c.permute(0, 1, 3, 2, 4), dt_c.permute(0, 1, 3, 2).unsqueeze(-1), out=xdt)
+
+        # Log decays from the chunk start (fp64 sums, split hi + lo as in _cumsum_differences)
+        # and exp(cum_i - cum_j) in the left block of lhs.
+        cum = (dt_c * a32).to(torch.float64).cumsum(dim=2).permute(0, 1, 3, 2)  # (b, k, H, Q)
+        hi = cum.to(acc)
+        lo = (cum - hi.to(torch.float64)).to(acc)
+        decay = lhs_k[..., :q]
+        torch.sub(hi.unsqueeze(-1), hi.unsqueeze(-2), out=decay)
+        decay.add_(lo.unsqueeze(-1)).sub_(lo.unsqueeze(-2))
+        if nonpositive:
+            decay.clamp_(LOG_DECAY_FLOOR, 0.0).exp_()
+        else:
+            decay.masked_fill_(~causal, 0.0).clamp_(min=LOG_DECAY_FLOOR).exp_()
+
+        # The chunk's own state: (B * exp(cum_end - cum_j))^T-products with X, (b, k, H, N, P).
+        to_end = decay[..., -1, :].unsqueeze(-2)  # (batch, k, H, 1, Q): no entry above diagonal
+        b_end = b_t.unsqueeze(3) * to_end.view(batch, k, groups, per_group, 1, q)
+        own = torch.matmul(b_end.view(batch, k, heads, d_state, q), xdt)
+        del b_end
+
+        # W = decay * causal scores (shared by the heads of a group); E = exp(cum) C.
+        scores = torch.matmul(c_g, b_t).masked_fill_(~causal, 0.0)  # (batch, k, G, Q, Q)
+        decay.view(batch, k, groups, per_group, q, q).mul_(scores.unsqueeze(3))
+        torch.mul(c_g.unsqueeze(3), hi.exp().view(batch, k, groups, per_group, q, 1),
+                  out=lhs_k[..., q:].view(batch, k, groups, per_group, q, d_state))
+
+        # States entering each chunk, into the bottom of rhs.
+        chunk_decay = cum[..., -1].exp().to(acc)[..., None, None]  # (batch, k, H, 1, 1)
+        for i in range(k):
+            rhs_k[:, i, :, q:] = state
+            state = torch.addcmul(own[:, i], chunk_decay[:, i], state)
+        del own
+
+        y = torch.matmul(lhs_k, rhs_k).permute(0, 1, 3, 2, 4)  # (batch, k, Q, H, P) view
+        # Token-major output written straight from the head-major products (plus D x):
+        # whole chunks as (batch, chunks, Q, H, P) views, then the tail of a partial chunk.
+        full = (t1 - t0) // q
+        for first_chunk, chunks, tokens in ((0, full, q), (full, 1, t1 - t0 - full * q)):
+            if chunks == 0 or tokens == 0:
+                continue
+            start = t0 + first_chunk * q
+            stop = start + chunks * tokens
+            dst = out[:, start:stop].view(batch, chunks, tokens, heads, headdim)
+            src = y[:, first_chunk:first_chunk + chunks, :tokens]
+            if d32 is None:
+                dst.copy_(src)
+            elif dst.dtype == acc:
+                torch.addcmul(src, x[:, start:stop].view(dst.shape), d32, out=dst)
+            else:
+                dst.copy_(torch.addcmul(src, x[:, start:stop].view(dst.shape).to(acc), d32))
+    return out
+
+
+def _inference_chunks_per_step(batch: int, heads: int, chunk_size: int, d_state: int,
+                               num_chunks: int) -> int:
+    """Chunks per step of :func:`_scan_inference`: as many as keep its (batch, step, H, Q,
+    Q + N) fp32 operand within :data:`INFERENCE_STEP_BYTES` (at least one)."""
+    per_chunk = batch * heads * chunk_size * (chunk_size + d_state) * 4
     return max(1, min(num_chunks, INFERENCE_STEP_BYTES // max(per_chunk, 1)))
 
 
@@ -192,14 +310,17 @@ def ssd_scan_torch(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.
     """Mamba-2 scan by chunks (see the module docstring), accumulated in fp32 (fp64 for fp64).
 
     The inputs are read one step of chunks at a time (converted and padded per step), so
-    besides the output only one step's buffers exist at once.
+    besides the output only one step's buffers exist at once.  Without autograd (and outside
+    graph capture) the scan takes the inference form (:func:`_scan_inference`) with chunks of
+    ``min(chunk_size, INFERENCE_CHUNK)`` tokens.
 
     Args:
         x, dt, A, B, C, D: As :func:`.naive.ssd_scan_naive` (the contract of every backend).
-        chunk_size: Tokens per chunk Q (any L works; the last chunk is padded).
+        chunk_size: Tokens per chunk Q (any L works; the last chunk is padded).  The outputs
+            do not depend on it (up to rounding), only memory and speed do.
         chunks_per_step: Chunks processed together; ``None`` = all of them when gradients
-            are needed, else as many as fit :data:`INFERENCE_STEP_BYTES` (the outputs do not
-            depend on it, only memory and speed do).
+            are needed or a graph is captured, else as many as fit
+            :data:`INFERENCE_STEP_BYTES` (the outputs do not depend on it).
 
     Returns:
         y (batch, L, H, P) in the dtype of ``x``.
@@ -222,8 +343,12 @@ def ssd_scan_torch(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.
     needs_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (x, dt, A, B, C, D))
     nonpositive = _decays_known_nonpositive(A, dt)
-    step = chunks_per_step or _auto_chunks_per_step(batch, heads, chunk_size, num_chunks,
-                                                    needs_grad)
+    if not needs_grad and not capturing_graph():
+        return _scan_inference(x, dt, A, B, C, D, min(chunk_size, INFERENCE_CHUNK),
+                               chunks_per_step, nonpositive)
+    # Autograd keeps every step's buffers anyway, and a captured graph (ONNX / export /
+    # compile) would unroll the steps: one vectorised step unless the caller asks otherwise.
+    step = chunks_per_step or num_chunks
 
     state = x.new_zeros(batch, groups, per_group, headdim, d_state, dtype=acc)
     out = None if needs_grad else x.new_empty(x.shape)
