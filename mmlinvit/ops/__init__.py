@@ -12,5 +12,6 @@ calls these functions:
 * :mod:`.patch_grid`: token <-> grid layouts and depthwise convolutions of the local branches.
 * :mod:`.signed_normaliser`: the sign-preserving normaliser.
 * :mod:`.ssd`: the Mamba-2 SSD scan (naive, torch, triton, dispatch).
+* :mod:`.causal_conv`: Mamba-2's causal depthwise convolution by shifted multiply-adds.
 * :mod:`.triton_utils`: backend choice helpers and the kernels' head-dim / dtype limits.
 """

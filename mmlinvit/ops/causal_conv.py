@@ -1,0 +1,91 @@
+"""Causal depthwise 1-D convolution by shifted multiply-adds (the Mamba-2 ``conv1d``).
+
+For tokens x with C channels and L positions, weight (C, 1, K) and bias (C,)::
+
+    y[c, t] = bias[c] + sum_k weight[c, 0, k] * x[c, t - (K - 1) + k]   (x = 0 for t < 0)
+
+which is ``nn.Conv1d(C, C, K, groups=C, padding=K - 1)(x)[..., :L]`` for channels-first x
+(batch, C, L); ``channels_last=True`` takes and returns token-major x (batch, L, C).  Written
+as K ``addcmul`` passes over the output (the first one also adds the bias), it costs K reads
+of x and no padded copy: on CPU it runs several times faster than oneDNN's depthwise
+convolution for Mamba-2 shapes (Adventurer-B, 1664 channels x 2050 tokens, 2 threads: 2.5 ms
+vs 9-14 ms).  The same code runs with and without autograd (the in-place updates are on a
+fresh output), so both give the same values to the bit.
+"""
+from typing import Optional
+
+import torch
+
+#: Tokens per block of the no-autograd form (see :func:`causal_depthwise_conv1d`).
+CACHE_BLOCK_TOKENS = 128
+
+
+def causal_depthwise_conv1d(x: torch.Tensor, weight: torch.Tensor,
+                            bias: Optional[torch.Tensor] = None,
+                            channels_last: bool = False) -> torch.Tensor:
+    """Causal depthwise convolution along the tokens, output length = input length.
+
+    Args:
+        x: (batch, C, L), or (batch, L, C) with ``channels_last``.
+        weight: (C, 1, K), the layout of ``nn.Conv1d(C, C, K, groups=C).weight``.
+        bias: Optional (C,).
+        channels_last: x (and the result) are token-major (batch, L, C).
+
+    Returns:
+        The layout of x, in the dtype of x (the parameters are cast to it, as autocast does
+        for ``nn.Conv1d``).
+
+    Raises:
+        ValueError: shapes that do not form a depthwise convolution.
+    """
+    channel_dim, token_dim = (2, 1) if channels_last else (1, 2)
+    if x.ndim != 3 or weight.ndim != 3 or weight.shape[1] != 1 or \
+            weight.shape[0] != x.shape[channel_dim]:
+        layout = '(batch, L, C)' if channels_last else '(batch, C, L)'
+        raise ValueError(f'causal_depthwise_conv1d expects x {layout} and weight (C, 1, K) '
+                         f'with the same C, got x {tuple(x.shape)} and weight '
+                         f'{tuple(weight.shape)}')
+    if bias is not None and tuple(bias.shape) != (weight.shape[0], ):
+        raise ValueError(f'causal_depthwise_conv1d: bias must be ({weight.shape[0]},), got '
+                         f'{tuple(bias.shape)}')
+    taps = weight.shape[-1]
+    length = x.shape[token_dim]
+    # Per-tap weights broadcast over the tokens: (K, C) rows or (K, C, 1) columns.
+    w = weight[:, 0].t().to(x.dtype)
+    if not channels_last:
+        w = w.unsqueeze(-1)
+    b = None if bias is None else bias.to(x.dtype)
+    if b is not None and not channels_last:
+        b = b[:, None]
+    needs_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (x, weight, bias))
+    if needs_grad:  # whole-tensor passes, one graph node per tap
+        y = x * w[taps - 1] if b is None else torch.addcmul(b, x, w[taps - 1])
+        _add_shifted_taps(y, x, w, token_dim, 0, length)
+        return y
+    # Without autograd, blocks of tokens small enough to stay in cache while the K taps pass
+    # over them (1.6 vs 4.4 ms for the shapes above).  Every element sees the same
+    # operations in the same order as in the whole-tensor form.
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    for start in range(0, length, CACHE_BLOCK_TOKENS):
+        stop = min(length, start + CACHE_BLOCK_TOKENS)
+        out = y.narrow(token_dim, start, stop - start)
+        cur = x.narrow(token_dim, start, stop - start)
+        if b is None:
+            torch.mul(cur, w[taps - 1], out=out)  # tap K - 1 multiplies the current token
+        else:
+            torch.addcmul(b, cur, w[taps - 1], out=out)
+        _add_shifted_taps(y, x, w, token_dim, start, stop)
+    return y
+
+
+def _add_shifted_taps(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, token_dim: int,
+                      start: int, stop: int) -> None:
+    """y[t] += w[K - 1 - s] * x[t - s] for s = 1 .. K - 1 and tokens start <= t < stop."""
+    taps = w.shape[0]
+    for shift in range(1, taps):
+        first = max(start, shift)
+        if first >= stop:
+            break
+        y.narrow(token_dim, first, stop - first).addcmul_(
+            x.narrow(token_dim, first - shift, stop - first), w[taps - 1 - shift])
