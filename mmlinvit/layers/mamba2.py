@@ -43,9 +43,11 @@ class Mamba2Mixer(nn.Module):
         expand: d_inner = expand * d_model.
         headdim: Channels per head P; d_inner must be divisible by it.
         ngroups: Number of B/C groups G; the head count must be divisible by it.
-        chunk_size: Chunk length of the SSD scan.  Outputs do not depend on it; with the
-            PyTorch scan, memory and time of the within-chunk part grow as L * H * chunk_size,
-            so 64 is cheaper than the reference 256 on CPU and for training.
+        chunk_size: Chunk length of the SSD scan (the Triton kernel's tile).  Outputs do
+            not depend on it; with the PyTorch scan under autograd, memory and time of the
+            within-chunk part grow as L * H * chunk_size, so 64 is cheaper than the reference
+            256 for CPU training.  Without autograd the PyTorch scan uses chunks of at most
+            ``mmlinvit.ops.ssd.torch_impl.INFERENCE_CHUNK`` (64) tokens anyway.
         A_init_range: Range of the uniform init of -A.
         dt_min: Smallest initial step size.
         dt_max: Largest initial step size.
