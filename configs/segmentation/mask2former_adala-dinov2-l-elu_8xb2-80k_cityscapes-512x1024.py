@@ -1,8 +1,9 @@
 # ViT-AdaLA Stage 3 on Cityscapes (19 classes), 512 x 1024 crops: the linearized DINOv2-L
 # student (ELU+1) from the Stage-2 checkpoint with Mask2Former, 80k iterations.
-# Patch-14 models: training batches are padded to a multiple of 14 (518 x 1036, padding
-# labelled 255 = ignored); sliding-window inference uses 518 x 1036 windows (multiples of 14)
-# over the 1024 x 2048 test images, so no test-time padding is needed.
+# Patch-14 models: training crops are padded to a multiple of 14 (518 x 1036, padding
+# labelled 255 = ignored) as DINOv2's CenterPadding pads (split between both sides,
+# model.patch_padding='center'); sliding-window inference uses 518 x 1036 windows (multiples
+# of 14) over the 1024 x 2048 test images, so no test-time padding is needed.
 # Data: leftImg8bit + gtFine, labels converted with mmseg's
 #   python tools/dataset_converters/cityscapes.py data/cityscapes --nproc 8
 _base_ = [
@@ -14,7 +15,8 @@ missing_path_hints = _base_.adala_missing_path_hints
 num_classes = 19
 embed_dims = 1024
 model = dict(
-    data_preprocessor=dict(size=None, size_divisor=14, test_cfg=None),
+    data_preprocessor=dict(size=None, size_divisor=1, test_cfg=None),
+    patch_padding='center',  # DINOv2's CenterPadding (mmlinvit.EncoderDecoder)
     backbone=_base_.adala_seg_backbone,
     neck=dict(embed_dim=embed_dims),
     decode_head=dict(

@@ -9,7 +9,9 @@
 # Crops are 518 x 518 (37 x 37 patches of 14 px, DINOv2's native grid) instead of the
 # paper's 512: with patch 14, a 512 crop would leave the last 8 pixel rows/columns out of
 # the patch grid.  Test images are resized to a short side of 518 and padded to a multiple
-# of 14; predictions are cropped back and resized to the original image.
+# of 14 as DINOv2's segmentation evaluation pads them (``CenterPadding``: the padding split
+# between both sides, ``model.patch_padding='center'``; the data preprocessor leaves the
+# size alone); predictions are cropped back and resized to the original image.
 # Sliding-window inference: --cfg-options model.test_cfg.mode=slide.
 _base_ = [
     '../_base_/models/mask2former_vit.py', '../_base_/datasets/ade20k_518x518.py',
@@ -26,9 +28,10 @@ missing_path_hints = {
 crop_size = (518, 518)
 num_classes = 150
 embed_dims = 1024
-data_preprocessor = dict(size=crop_size, test_cfg=dict(size_divisor=14))
+data_preprocessor = dict(size=crop_size, test_cfg=dict(size_divisor=1))
 model = dict(
     data_preprocessor=data_preprocessor,
+    patch_padding='center',  # DINOv2's CenterPadding (mmlinvit.EncoderDecoder)
     backbone=dict(
         type='mmlinvit.VisionTransformer',
         arch='l',

@@ -11,7 +11,8 @@ missing_path_hints = _base_.adala_missing_path_hints
 crop_size = (518, 518)
 embed_dims = 1024
 model = dict(
-    data_preprocessor=dict(size=crop_size, test_cfg=dict(size_divisor=14)),
+    data_preprocessor=dict(size=crop_size, test_cfg=dict(size_divisor=1)),
+    patch_padding='center',  # DINOv2's CenterPadding (mmlinvit.EncoderDecoder)
     backbone=_base_.adala_seg_backbone,
     neck=dict(embed_dim=embed_dims),
     decode_head=dict(in_channels=[embed_dims] * 4, channels=768, num_classes=150),

@@ -12,6 +12,11 @@ from mmlinvit.registry import MODELS
 #: Per-pixel label fields of a ``SegDataSample`` padded in training (with ``ignore_index``).
 PIXEL_LABELS = ('gt_sem_seg', 'gt_edge_map', 'gt_depth_map')
 
+#: Where the patch-size padding goes: ``'corner'`` at the bottom / right (mmseg's ``PatchEmbed``
+#: ``padding='corner'``, timm's ``dynamic_img_pad``), ``'center'`` split between the sides,
+#: the smaller half first (DINOv2's ``CenterPadding`` of its segmentation / depth evaluation).
+PATCH_PADDINGS = ('corner', 'center')
+
 
 @MODELS.register_module()
 class EncoderDecoder(MMSegEncoderDecoder):
@@ -30,12 +35,29 @@ class EncoderDecoder(MMSegEncoderDecoder):
       logit comes from the area of the image it belongs to.  In training the labels are
       padded with the decode head's ``ignore_index``.  Backbones without a ``patch_size``
       attribute (CNNs) are not padded.
+      ``patch_padding='center'`` pads as DINOv2's ``CenterPadding`` does instead (the smaller
+      half of each side's padding at the top / left), so that a DINOv2 backbone sees the
+      image where its official segmentation evaluation puts it; the logits are cropped back
+      from the same offsets.
     * **Window metas.** mmseg's ``Mask2FormerHead.predict`` upsamples its masks to
       ``pad_shape``; in sliding-window inference mmseg keeps ``pad_shape`` of the whole image,
       so each window's logits would come back at the image size.  Here ``img_shape`` and
       ``pad_shape`` are the size of the tensor actually decoded, in ``'whole'`` and
       ``'slide'`` mode.
+
+    Args:
+        *args: mmseg ``EncoderDecoder`` arguments.
+        patch_padding: ``'corner'`` (default) or ``'center'`` (see :data:`PATCH_PADDINGS`).
+        **kwargs: mmseg ``EncoderDecoder`` keyword arguments.
     """
+
+    def __init__(self, *args, patch_padding: str = 'corner', **kwargs) -> None:
+        if patch_padding not in PATCH_PADDINGS:
+            raise ValueError(f'mmlinvit.EncoderDecoder: unknown patch_padding '
+                             f"{patch_padding!r}; choose one of {list(PATCH_PADDINGS)} ('center' "
+                             "is DINOv2's CenterPadding)")
+        super().__init__(*args, **kwargs)
+        self.patch_padding = patch_padding
 
     def patch_multiple(self) -> Optional[Tuple[int, int]]:
         """(p_h, p_w) the backbone needs inputs padded to, or ``None`` (no patch grid)."""
@@ -46,11 +68,14 @@ class EncoderDecoder(MMSegEncoderDecoder):
             return (patch, patch)
         return (int(patch[0]), int(patch[1]))
 
-    def _padding(self, hw: Tuple[int, int]) -> Tuple[int, int]:
+    def patch_pads(self, hw: Tuple[int, int]) -> Tuple[int, int, int, int]:
+        """(left, right, top, bottom) zero padding of an (H, W) input (``F.pad`` order)."""
         multiple = self.patch_multiple()
         if multiple is None:
-            return (0, 0)
-        return (-hw[0] % multiple[0], -hw[1] % multiple[1])
+            return (0, 0, 0, 0)
+        pad_h, pad_w = -hw[0] % multiple[0], -hw[1] % multiple[1]
+        top, left = (pad_h // 2, pad_w // 2) if self.patch_padding == 'center' else (0, 0)
+        return (left, pad_w - left, top, pad_h - top)
 
     def encode_decode(self, inputs: Tensor, batch_img_metas: List[dict]) -> Tensor:
         """Decodes ``inputs`` (B, C, H, W) into logits at (H, W).
@@ -64,16 +89,18 @@ class EncoderDecoder(MMSegEncoderDecoder):
             Segmentation logits (B, num_classes, H, W).
         """
         h, w = inputs.shape[-2:]
-        pad_h, pad_w = self._padding((h, w))
-        if pad_h or pad_w:
-            inputs = F.pad(inputs, (0, pad_w, 0, pad_h))
-        size = (h + pad_h, w + pad_w)
+        pads = self.patch_pads((h, w))
+        if any(pads):
+            inputs = F.pad(inputs, pads)
+        size = tuple(inputs.shape[-2:])
         metas = [dict(meta, img_shape=size, pad_shape=size) for meta in batch_img_metas]
         logits = super().encode_decode(inputs, metas)
-        return logits[..., :h, :w]
+        left, _, top, _ = pads
+        return logits[..., top:top + h, left:left + w]
 
     def loss(self, inputs: Tensor, data_samples: SampleList) -> dict:
-        """mmseg's loss on inputs (and labels) padded to a multiple of the patch size.
+        """mmseg's loss on inputs (and labels) padded to a multiple of the patch size
+        (where ``patch_padding`` says).
 
         Args:
             inputs: Input images (B, C, H, W).
@@ -84,11 +111,11 @@ class EncoderDecoder(MMSegEncoderDecoder):
         Returns:
             The loss dict of mmseg's ``EncoderDecoder.loss``.
         """
-        h, w = inputs.shape[-2:]
-        pad_h, pad_w = self._padding((h, w))
-        if pad_h or pad_w:
-            inputs = F.pad(inputs, (0, pad_w, 0, pad_h))
-            size = (h + pad_h, w + pad_w)
+        pads = self.patch_pads(tuple(inputs.shape[-2:]))
+        if any(pads):
+            inputs = F.pad(inputs, pads)
+            size = tuple(inputs.shape[-2:])
+            left, _, top, _ = pads
             ignore = self.decode_head.ignore_index
             for sample in data_samples:
                 for key in PIXEL_LABELS:  # as mmseg's stack_batch pads them
@@ -97,7 +124,7 @@ class EncoderDecoder(MMSegEncoderDecoder):
                     label = getattr(sample, key).data
                     delattr(getattr(sample, key), 'data')  # PixelData keeps its first shape
                     getattr(sample, key).data = F.pad(
-                        label, (0, size[1] - label.shape[-1], 0, size[0] - label.shape[-2]),
-                        value=ignore)
+                        label, (left, size[1] - left - label.shape[-1], top,
+                                size[0] - top - label.shape[-2]), value=ignore)
                 sample.set_metainfo(dict(batch_input_shape=size, pad_shape=size))
         return super().loss(inputs, data_samples)

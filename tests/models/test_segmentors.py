@@ -133,3 +133,76 @@ def test_divisible_sizes_unchanged(hw):
     with torch.no_grad():
         torch.testing.assert_close(ours.inference(x, _metas(*hw)),
                                    ref.inference(x, copy.deepcopy(_metas(*hw))))
+
+
+def _center_pad(x: torch.Tensor, value: float = 0.0) -> torch.Tensor:
+    """DINOv2's CenterPadding, from its formula: per side, the padding to the next multiple
+    split with the smaller half first (left / top)."""
+    def split(size):
+        total = -(-size // PATCH) * PATCH - size
+        return total // 2, total - total // 2
+    (left, right), (top, bottom) = split(x.shape[-1]), split(x.shape[-2])
+    return F.pad(x, (left, right, top, bottom), value=value)
+
+
+def _center_models(test_cfg: dict):
+    init_default_scope('mmseg')
+    from mmseg.registry import MODELS
+    torch.manual_seed(0)
+    ours = MODELS.build(dict(_cfg('mmlinvit.EncoderDecoder', test_cfg),
+                             patch_padding='center')).eval()
+    ref = MODELS.build(_cfg('EncoderDecoder', dict(mode='whole'))).eval()
+    ref.load_state_dict(ours.state_dict())
+    return ours, ref
+
+
+def test_center_padding_is_dinov2s_and_crops_from_the_same_offsets():
+    """patch_padding='center': the backbone receives the image padded as DINOv2's
+    CenterPadding pads it, and the logits are those of the padded image at the image's
+    place (40 = 48 - 8: 4 rows above and below; 44 = 48 - 4: 2 columns each side; 37 -> 11:
+    5 above, 6 below)."""
+    for h, w in ((40, 44), (37, 44)):
+        ours, ref = _center_models(dict(mode='whole'))
+        x = torch.randn(1, 3, h, w)
+        seen = []
+        ours.backbone.register_forward_pre_hook(lambda _, args: seen.append(args[0]))
+        with torch.no_grad():
+            got = ours.inference(x, _metas(h, w))
+            padded = _center_pad(x)
+            full = ref.inference(padded, _metas(*padded.shape[-2:]))
+        torch.testing.assert_close(seen[0], padded, rtol=0, atol=0)
+        top, left = (padded.shape[-2] - h) // 2, (padded.shape[-1] - w) // 2
+        torch.testing.assert_close(got, full[..., top:top + h, left:left + w], rtol=1e-5,
+                                   atol=1e-5)
+        corner = _models(dict(mode='whole'))[0]
+        with torch.no_grad():
+            assert (corner.inference(x, _metas(h, w)) - got).abs().max() > 1e-3
+
+
+def test_center_padding_in_training_pads_labels_around_the_image():
+    from mmseg.structures import SegDataSample
+    ours, ref = _center_models(dict(mode='whole'))
+    ours.train()
+    ref.train()
+    x = torch.randn(2, 3, 40, 44)
+    labels = torch.randint(0, 5, (2, 1, 40, 44))
+
+    def samples(lbl):
+        out = []
+        for i in range(lbl.shape[0]):
+            s = SegDataSample(metainfo=_metas(*lbl.shape[-2:])[0])
+            s.gt_sem_seg = PixelData(data=lbl[i].clone())
+            out.append(s)
+        return out
+
+    got = ours.loss(x, samples(labels))
+    expected = ref.loss(_center_pad(x), samples(_center_pad(labels, value=255)))
+    torch.testing.assert_close(got['decode.loss_ce'], expected['decode.loss_ce'])
+
+
+def test_unknown_patch_padding_names_the_choices():
+    init_default_scope('mmseg')
+    from mmseg.registry import MODELS
+    with pytest.raises(ValueError, match=r"unknown patch_padding 'centre'.*'corner', 'center'"):
+        MODELS.build(dict(_cfg('mmlinvit.EncoderDecoder', dict(mode='whole')),
+                          patch_padding='centre'))

@@ -70,6 +70,22 @@ def test_adala_config_recipe():
     assert cfg.optim_wrapper.constructor == 'mmlinvit.LayerDecayOptimWrapperConstructor'
 
 
+@pytest.mark.parametrize('rel', [r for r in SEG_CONFIGS if 'dinov2' in r])
+def test_dinov2_configs_pad_as_dinov2(rel):
+    """DINOv2's segmentation evaluation pads inputs to a multiple of 14 with CenterPadding:
+    the segmentor pads centred, and the data preprocessor pads no further than the crop (a
+    size_divisor of 14 there would pad at the bottom / right before the segmentor sees the
+    image)."""
+    cfg = Config.fromfile(osp.join(REPO, 'configs', rel))
+    assert cfg.model.type == 'mmlinvit.EncoderDecoder'
+    assert cfg.model.patch_padding == 'center'
+    pre = cfg.model.data_preprocessor
+    for stage in (pre, pre.get('test_cfg') or {}):
+        assert stage.get('size_divisor') in (None, 1)
+        size = stage.get('size')
+        assert size is None or all(s % 14 == 0 for s in size)
+
+
 def _seg_model(runner):
     model = runner.model.module if is_model_wrapper(runner.model) else runner.model
     return model.student if hasattr(model, 'student') else model
