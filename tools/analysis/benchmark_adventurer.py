@@ -105,10 +105,13 @@ def main() -> None:
     parser.add_argument('--threads', type=int, default=1,
                         help='torch CPU threads (1 is the stable choice on a shared machine)')
     parser.add_argument('--chunk-size', type=int, default=256,
-                        help='Adventurer SSD chunk size (256 = the model default)')
+                        help='Adventurer SSD chunk size (256 = the model default; the '
+                        'no-autograd torch scan uses chunks of at most 64 tokens whatever '
+                        'this says: INFERENCE_CHUNK)')
     parser.add_argument('--chunks-per-step', type=int, default=0,
                         help='Adventurer scan: chunks vectorised together (0 = the scan default: '
-                        'all with autograd, INFERENCE_STEP_BYTES-bounded steps without)')
+                        'all with autograd, INFERENCE_STEP_BYTES-bounded steps of chunks of '
+                        'INFERENCE_CHUNK tokens without)')
     parser.add_argument('--worker', choices=MODELS, help=argparse.SUPPRESS)
     parser.add_argument('--phase', choices=('memory', 'time'), help=argparse.SUPPRESS)
     args = parser.parse_args()

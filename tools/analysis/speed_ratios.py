@@ -44,7 +44,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         help='linear operators of the students (softmax is the baseline)')
     parser.add_argument('--no-adventurer', action='store_true', help='skip the Adventurer')
     parser.add_argument('--adventurer-chunk', type=int, default=None,
-                        help='SSD chunk size of the Adventurer (default: the mixer default, 256)')
+                        help='SSD chunk size of the Adventurer (default: the mixer default, 256; '
+                        'on CPU the no-autograd scan caps it at INFERENCE_CHUNK = 64)')
     parser.add_argument('--rounds', type=int, default=5, help='timed rounds (one call each)')
     parser.add_argument('--device', default='cpu', choices=['cpu', 'cuda'])
     parser.add_argument('--threads', type=int, default=2, help='torch CPU threads')
