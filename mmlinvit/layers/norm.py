@@ -5,6 +5,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from mmlinvit.ops.graph_capture import capturing_graph
+
 
 #: Rows (tokens) normalised at once by the in-place path on the CPU (bounds its x^2
 #: temporary).  On accelerators all rows go at once: there a launch costs more than the
@@ -107,7 +109,9 @@ class GatedRMSNorm(RMSNorm):
         if gate is not None and not self.norm_before_gate:
             y.mul_(gate)
         rows = y.view(-1, y.shape[-1] // self.group_size, self.group_size)
-        step = IN_PLACE_ROWS if rows.device.type == 'cpu' else max(1, rows.shape[0])
+        # One step on accelerators and in captured graphs (a step is a slice update there).
+        step = (IN_PLACE_ROWS if rows.device.type == 'cpu' and not capturing_graph() else
+                max(1, rows.shape[0]))
         for start in range(0, rows.shape[0], step):  # bounded mean-square temporaries
             g = rows[start:start + step]
             g.mul_(torch.rsqrt(g.pow(2).mean(dim=-1, keepdim=True) + self.eps))

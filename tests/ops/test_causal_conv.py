@@ -53,26 +53,33 @@ def test_bad_shapes_are_named():
         causal_depthwise_conv1d(torch.randn(1, 4, 5), torch.randn(4, 1, 4), channels_last=True)
 
 
-def test_mixer_uses_it_on_cpu_and_the_module_under_capture(monkeypatch):
-    """The mixer's CPU path (token-major, shifted multiply-adds) equals in_proj + nn.Conv1d;
-    under graph capture it is the module itself."""
-    from mmlinvit.layers import mamba2
+def test_mixer_uses_it_on_cpu_also_under_capture(monkeypatch):
+    """The mixer's CPU path (token-major, shifted multiply-adds) equals in_proj + nn.Conv1d,
+    eagerly and in its captured-graph form (out-of-place ops); the module is not called."""
+    from mmlinvit.ops import causal_conv
     mixer = Mamba2Mixer(32, d_state=8, headdim=16, chunk_size=8, bias=True)
     u = torch.randn(2, 19, 32)
     rows = mixer.d_inner + 2 * 8
     xbc = F.linear(u, mixer.in_proj.weight[mixer.d_inner:mixer.d_inner + rows],
                    mixer.in_proj.bias[mixer.d_inner:mixer.d_inner + rows])
     want = _reference(mixer.conv1d, xbc.transpose(1, 2)).transpose(1, 2)
+    calls = []
+    mixer.conv1d.register_forward_hook(lambda *args: calls.append(1))
     got = mixer.conv_input(u)
     assert got.is_contiguous()  # token-major: the scan reads contiguous channels
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
-    calls = []
-    mixer.conv1d.register_forward_hook(lambda *args: calls.append(1))
-    mixer.conv_input(u)
-    assert calls == []
-    monkeypatch.setattr(mamba2, 'capturing_graph', lambda: True)
+    monkeypatch.setattr(causal_conv, 'capturing_graph', lambda: True)
     torch.testing.assert_close(mixer.conv_input(u), want, rtol=1e-6, atol=1e-6)
-    assert len(calls) == 1
+    for channels_last in (False, True):  # the captured form in both layouts, with autograd
+        x = xbc.detach().clone().requires_grad_()
+        inp = x if channels_last else x.transpose(1, 2)
+        out = causal_conv.causal_depthwise_conv1d(inp, mixer.conv1d.weight, mixer.conv1d.bias,
+                                                  channels_last=channels_last)
+        torch.testing.assert_close(out if channels_last else out.transpose(1, 2), want,
+                                   rtol=1e-6, atol=1e-6)
+        out.sum().backward()
+        assert torch.isfinite(x.grad).all()
+    assert calls == []
 
 
 @pytest.mark.parametrize('channels_last', [False, True])

@@ -324,9 +324,9 @@ def test_inference_steps_bound_memory_without_changing_the_result(monkeypatch, d
 
 
 def _differentiable_form(monkeypatch):
-    """Routes ssd_scan_torch through the one-step chunked form (as under graph capture)."""
+    """Routes no-autograd scans through the chunked (differentiable) form, in place."""
     from mmlinvit.ops.ssd import torch_impl
-    monkeypatch.setattr(torch_impl, 'capturing_graph', lambda: True)
+    monkeypatch.setattr(torch_impl, 'INFERENCE_FORM', False)
 
 
 @pytest.mark.parametrize('groups', [1, 2])
@@ -349,6 +349,25 @@ def test_inference_form_is_exact_in_fp64_and_matches_the_chunked_form(
         _differentiable_form(monkeypatch)
         chunked = torch_impl.ssd_scan_torch(*(t.float() for t in args), chunk_size=chunk_size)
     torch.testing.assert_close(fast, chunked, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('groups', [1, 2])
+@pytest.mark.parametrize('length,chunk_size', [(1, 256), (63, 16), (200, 256), (333, 64)])
+def test_graph_inference_form_is_exact_in_fp64(monkeypatch, length, chunk_size, groups):
+    """The captured-graph inference form (whole-tensor ops, unrolled state loop) against the
+    oracle in fp64, with and without D, and against the eager inference form in fp32."""
+    from mmlinvit.ops.ssd import torch_impl
+    args = make_inputs(batch=2, length=length, heads=4, headdim=8, groups=groups, d_state=16,
+                       a_range=(0.05, 2.0), dtype=torch.float64)
+    with torch.no_grad():
+        eager = torch_impl.ssd_scan_torch(*(t.float() for t in args), chunk_size=chunk_size)
+        monkeypatch.setattr(torch_impl, 'capturing_graph', lambda: True)
+        out = torch_impl.ssd_scan_torch(*args, chunk_size=chunk_size)
+        no_d = torch_impl.ssd_scan_torch(*args[:5], chunk_size=chunk_size)
+        graph = torch_impl.ssd_scan_torch(*(t.float() for t in args), chunk_size=chunk_size)
+    torch.testing.assert_close(out, ssd_scan_naive(*args), rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(no_d, ssd_scan_naive(*args[:5]), rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(graph, eager, rtol=1e-5, atol=1e-5)
 
 
 def test_inference_form_with_positive_decays_and_mixer_strided_views():

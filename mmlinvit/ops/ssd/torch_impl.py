@@ -18,11 +18,12 @@ the decays, and so the cumulative sums, are large.  Everything runs in fp32
 The largest temporaries are (batch, chunks, H, Q, Q): O(L * H * Q) memory, linear in the
 sequence length for a fixed chunk size; ``chunks_per_step`` bounds them further.
 
-Two forms share these formulas.  With autograd, or while a graph is captured (ONNX / export /
-compile), :func:`_scan_chunk_block` runs all chunks as one vectorised step (the differentiable
-form; in place when no gradient is needed).  Without autograd, :func:`_scan_inference` runs
-chunks of at most :data:`INFERENCE_CHUNK` tokens a few at a time into one output, each
-chunk's outputs from one product per head (same values up to fp32 rounding).
+Two forms share these formulas.  With autograd, :func:`_scan_chunk_block` runs all chunks
+as one vectorised step (the differentiable form).  Without autograd, :func:`_scan_inference`
+runs chunks of at most :data:`INFERENCE_CHUNK` tokens a few at a time into one output, each
+chunk's outputs from one product per head (same values up to fp32 rounding); while a graph
+is captured (ONNX / export / compile) :func:`_scan_inference_graph` does the same with
+out-of-place whole-tensor ops.
 """
 import math
 from typing import Optional, Tuple
@@ -167,7 +168,13 @@ def _scan_chunk_block(
     return y, state
 
 
-#: Without autograd (and outside graph capture) the scan works in chunks of at most this many
+#: Whether scans without autograd take the inference forms (:func:`_scan_inference`, and
+#: :func:`_scan_inference_graph` while a graph is captured).  ``False`` runs the chunked
+#: (differentiable) form in place instead, whose values are the autograd path's to the bit
+#: (for checks; slower).
+INFERENCE_FORM = True
+
+#: Without autograd the scan works in chunks of at most this many
 #: tokens, whatever ``chunk_size`` asks for: the outputs do not depend on the chunk length
 #: (only rounding does), and on CPU the within-chunk work (``H x Q x Q`` decays, ``Q x Q``
 #: products per head) costs more than the extra state passing from Q = 64 up (Adventurer-B
@@ -283,6 +290,66 @@ def _scan_inference(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch
     return out
 
 
+def _scan_inference_graph(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,
+                          B: torch.Tensor, C: torch.Tensor, D: Optional[torch.Tensor],
+                          chunk_size: int) -> torch.Tensor:
+    """:func:`_scan_inference` for a captured graph (ONNX / export / compile, no autograd).
+
+    The same per-chunk products, written with out-of-place whole-tensor ops on all chunks
+    at once (no kept buffers, no ``out=``, no slice updates); only the state recurrence is a
+    loop over chunks, unrolled in the graph.  Decays are not known to be <= 0 while tracing,
+    so the causal mask is applied in the log domain.
+
+    Args:
+        x, dt, A, B, C, D: As :func:`ssd_scan_torch`.
+        chunk_size: Tokens per chunk Q.
+
+    Returns:
+        y (batch, L, H, P) in the dtype of ``x``.
+    """
+    batch, length, heads, headdim = x.shape
+    groups, d_state = B.shape[2], B.shape[3]
+    per_group = heads // groups
+    q = chunk_size
+    k = math.ceil(length / q)
+    pad = k * q - length
+    acc = torch.promote_types(x.dtype, torch.float32)
+    causal = torch.ones(q, q, dtype=torch.bool, device=x.device).tril()
+    x_c = _pad_tokens(x.to(acc), pad).view(batch, k, q, heads, headdim)
+    dt_c = _pad_tokens(dt.to(acc), pad).view(batch, k, q, heads)
+    b_t = _pad_tokens(B.to(acc), pad).view(batch, k, q, groups, d_state).permute(0, 1, 3, 4, 2)
+    c_g = _pad_tokens(C.to(acc), pad).view(batch, k, q, groups, d_state).permute(0, 1, 3, 2, 4)
+
+    xdt = (x_c * dt_c.unsqueeze(-1)).permute(0, 1, 3, 2, 4)  # (batch, k, H, Q, P)
+    cum = (dt_c * A.to(acc)).to(torch.float64).cumsum(dim=2).permute(0, 1, 3, 2)
+    hi = cum.to(acc)
+    lo = (cum - hi.to(torch.float64)).to(acc)
+    seg = (hi.unsqueeze(-1) - hi.unsqueeze(-2)) + (lo.unsqueeze(-1) - lo.unsqueeze(-2))
+    decay = seg.masked_fill(~causal, 0.0).clamp(min=LOG_DECAY_FLOOR).exp()  # (b, k, H, Q, Q)
+
+    to_end = decay[..., -1, :].reshape(batch, k, groups, per_group, 1, q)
+    own = torch.matmul((b_t.unsqueeze(3) * to_end).reshape(batch, k, heads, d_state, q), xdt)
+    scores = torch.matmul(c_g, b_t).masked_fill(~causal, 0.0)  # (batch, k, G, Q, Q)
+    weights = (decay.view(batch, k, groups, per_group, q, q) * scores.unsqueeze(3)).reshape(
+        batch, k, heads, q, q)
+    from_state = (c_g.unsqueeze(3) * hi.exp().view(batch, k, groups, per_group, q, 1)).reshape(
+        batch, k, heads, q, d_state)
+
+    chunk_decay = cum[..., -1].exp().to(acc)[..., None, None]  # (batch, k, H, 1, 1)
+    state = x.new_zeros((batch, heads, d_state, headdim), dtype=acc)
+    entering = []
+    for i in range(k):
+        entering.append(state)
+        state = chunk_decay[:, i] * state + own[:, i]
+    states = torch.stack(entering, dim=1)  # (batch, k, H, N, P)
+
+    y = torch.matmul(torch.cat([weights, from_state], dim=-1), torch.cat([xdt, states], dim=-2))
+    y = y.permute(0, 1, 3, 2, 4).reshape(batch, k * q, heads, headdim)[:, :length]
+    if D is not None:
+        y = y + D.to(acc)[:, None] * x.to(acc)
+    return y.to(x.dtype)
+
+
 def _inference_chunks_per_step(batch: int, heads: int, chunk_size: int, d_state: int,
                                num_chunks: int) -> int:
     """Chunks per step of :func:`_scan_inference`: as many as keep its (batch, step, H, Q,
@@ -345,11 +412,13 @@ def ssd_scan_torch(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.
     needs_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (x, dt, A, B, C, D))
     nonpositive = _decays_known_nonpositive(A, dt)
-    if not needs_grad and not capturing_graph():
-        return _scan_inference(x, dt, A, B, C, D, min(chunk_size, INFERENCE_CHUNK),
-                               chunks_per_step, nonpositive)
-    # Autograd keeps every step's buffers anyway, and a captured graph (ONNX / export /
-    # compile) would unroll the steps: one vectorised step unless the caller asks otherwise.
+    if not needs_grad and INFERENCE_FORM:
+        chunk = min(chunk_size, INFERENCE_CHUNK)
+        if capturing_graph():
+            return _scan_inference_graph(x, dt, A, B, C, D, chunk)
+        return _scan_inference(x, dt, A, B, C, D, chunk, chunks_per_step, nonpositive)
+    # Autograd keeps every step's buffers anyway, and a captured graph would unroll the
+    # steps: one vectorised step unless the caller asks otherwise.
     step = chunks_per_step or num_chunks
 
     state = x.new_zeros(batch, groups, per_group, headdim, d_state, dtype=acc)
