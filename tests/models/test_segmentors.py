@@ -61,6 +61,17 @@ def _ref_whole(ref, x: torch.Tensor) -> torch.Tensor:
     return logits[..., :h, :w]
 
 
+def _samples(labels: torch.Tensor) -> list:
+    """One SegDataSample per image of (B, 1, H, W) labels."""
+    from mmseg.structures import SegDataSample
+    out = []
+    for label in labels:
+        sample = SegDataSample(metainfo=_metas(*labels.shape[-2:])[0])
+        sample.gt_sem_seg = PixelData(data=label.clone())
+        out.append(sample)
+    return out
+
+
 def test_whole_inference_aligned():
     ours, ref = _models(dict(mode='whole'))
     x = torch.randn(1, 3, 40, 44)  # 40 = 2 * 16 + 8, 44 = 2 * 16 + 12
@@ -104,25 +115,16 @@ def test_predict_crops_to_the_original_image():
 
 
 def test_training_loss_pads_labels_with_ignore_index():
-    from mmseg.structures import SegDataSample
     ours, ref = _models(dict(mode='whole'))
     ours.train()
     ref.train()
     x = torch.randn(2, 3, 40, 44)
     labels = torch.randint(0, 5, (2, 1, 40, 44))
 
-    def samples(lbl):
-        out = []
-        for i in range(lbl.shape[0]):
-            s = SegDataSample(metainfo=_metas(*lbl.shape[-2:])[0])
-            s.gt_sem_seg = PixelData(data=lbl[i].clone())
-            out.append(s)
-        return out
-
-    got = ours.loss(x, samples(labels))
-    expected = ref.loss(_pad(x), samples(_pad(labels, value=255)))
+    got = ours.loss(x, _samples(labels))
+    expected = ref.loss(_pad(x), _samples(_pad(labels, value=255)))
     torch.testing.assert_close(got['decode.loss_ce'], expected['decode.loss_ce'])
-    stretched = ref.loss(x, samples(labels))  # mmseg alone: logits of 48 x 48 resized to 40 x 44
+    stretched = ref.loss(x, _samples(labels))  # mmseg alone: logits of 48 x 48 resized to 40 x 44
     assert not torch.allclose(stretched['decode.loss_ce'], expected['decode.loss_ce'])
 
 
@@ -180,23 +182,14 @@ def test_center_padding_is_dinov2s_and_crops_from_the_same_offsets():
 
 
 def test_center_padding_in_training_pads_labels_around_the_image():
-    from mmseg.structures import SegDataSample
     ours, ref = _center_models(dict(mode='whole'))
     ours.train()
     ref.train()
     x = torch.randn(2, 3, 40, 44)
     labels = torch.randint(0, 5, (2, 1, 40, 44))
 
-    def samples(lbl):
-        out = []
-        for i in range(lbl.shape[0]):
-            s = SegDataSample(metainfo=_metas(*lbl.shape[-2:])[0])
-            s.gt_sem_seg = PixelData(data=lbl[i].clone())
-            out.append(s)
-        return out
-
-    got = ours.loss(x, samples(labels))
-    expected = ref.loss(_center_pad(x), samples(_center_pad(labels, value=255)))
+    got = ours.loss(x, _samples(labels))
+    expected = ref.loss(_center_pad(x), _samples(_center_pad(labels, value=255)))
     torch.testing.assert_close(got['decode.loss_ce'], expected['decode.loss_ce'])
 
 
