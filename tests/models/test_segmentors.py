@@ -114,15 +114,21 @@ def test_predict_crops_to_the_original_image():
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
 
 
-def test_training_loss_pads_labels_with_ignore_index():
-    ours, ref = _models(dict(mode='whole'))
+def _training_losses(ours, ref, pad):
+    """Decode losses of one 40 x 44 batch: ours on the raw batch, mmseg's ``ref`` on the batch
+    and labels padded by hand with ``pad`` (labels with 255), and the raw batch and labels."""
     ours.train()
     ref.train()
     x = torch.randn(2, 3, 40, 44)
     labels = torch.randint(0, 5, (2, 1, 40, 44))
-
     got = ours.loss(x, _samples(labels))
-    expected = ref.loss(_pad(x), _samples(_pad(labels, value=255)))
+    expected = ref.loss(pad(x), _samples(pad(labels, value=255)))
+    return got, expected, x, labels
+
+
+def test_training_loss_pads_labels_with_ignore_index():
+    ours, ref = _models(dict(mode='whole'))
+    got, expected, x, labels = _training_losses(ours, ref, _pad)
     torch.testing.assert_close(got['decode.loss_ce'], expected['decode.loss_ce'])
     stretched = ref.loss(x, _samples(labels))  # mmseg alone: logits of 48 x 48 resized to 40 x 44
     assert not torch.allclose(stretched['decode.loss_ce'], expected['decode.loss_ce'])
@@ -183,13 +189,7 @@ def test_center_padding_is_dinov2s_and_crops_from_the_same_offsets():
 
 def test_center_padding_in_training_pads_labels_around_the_image():
     ours, ref = _center_models(dict(mode='whole'))
-    ours.train()
-    ref.train()
-    x = torch.randn(2, 3, 40, 44)
-    labels = torch.randint(0, 5, (2, 1, 40, 44))
-
-    got = ours.loss(x, _samples(labels))
-    expected = ref.loss(_center_pad(x), _samples(_center_pad(labels, value=255)))
+    got, expected, _, _ = _training_losses(ours, ref, _center_pad)
     torch.testing.assert_close(got['decode.loss_ce'], expected['decode.loss_ce'])
 
 

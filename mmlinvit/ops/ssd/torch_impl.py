@@ -48,18 +48,29 @@ LOG_DECAY_FLOOR = -80.0
 INFERENCE_STEP_BYTES = 4 << 20
 
 
+CumsumSplit = Tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def _split_cumsum(log_decay: torch.Tensor) -> CumsumSplit:
+    """(cum, hi, lo): cum = cumsum(log_decay) over the last dim in fp64, and hi + lo = cum
+    with hi = cum rounded to the dtype of ``log_decay`` and lo the remainder (same dtype)."""
+    cum = log_decay.to(torch.float64).cumsum(dim=-1)
+    hi = cum.to(log_decay.dtype)
+    return cum, hi, (cum - hi.to(torch.float64)).to(log_decay.dtype)
+
+
 def _cumsum_differences(log_decay: torch.Tensor, inplace: bool,
-                        out: Optional[torch.Tensor] = None) -> torch.Tensor:
+                        out: Optional[torch.Tensor] = None,
+                        split: Optional[CumsumSplit] = None) -> torch.Tensor:
     """d[..., i, j] = cum_i - cum_j for all i, j, cum = cumsum(log_decay), fp32-accurate.
 
     The cumulative sums are taken in fp64 and split into ``hi + lo`` (both in the input
     dtype); ``(hi_i - hi_j) + lo_i - lo_j`` then carries only the rounding of the result,
     whereas a plain fp32 difference of cumulative sums would lose ~eps * |cum|.  With
-    ``inplace``, ``out`` (the (..., Q, Q) shape) is the buffer written.
+    ``inplace``, ``out`` (the (..., Q, Q) shape) is the buffer written.  ``split``: the
+    caller's :func:`_split_cumsum` of ``log_decay``, if it has it.
     """
-    cum = log_decay.to(torch.float64).cumsum(dim=-1)
-    hi = cum.to(log_decay.dtype)
-    lo = (cum - hi.to(torch.float64)).to(log_decay.dtype)
+    _, hi, lo = _split_cumsum(log_decay) if split is None else split
     if inplace:
         diff = torch.sub(hi.unsqueeze(-1), hi.unsqueeze(-2), out=out)
         return diff.add_(lo.unsqueeze(-1)).sub_(lo.unsqueeze(-2))
@@ -81,15 +92,16 @@ def segment_sums(log_decay: torch.Tensor) -> torch.Tensor:
 
 
 def _unmasked_decay(log_decay: torch.Tensor, inplace: bool, nonpositive: bool = False,
-                    out: Optional[torch.Tensor] = None) -> torch.Tensor:
+                    out: Optional[torch.Tensor] = None,
+                    split: Optional[CumsumSplit] = None) -> torch.Tensor:
     """exp(seg) below the diagonal and 1 above it (seg zeroed there), floored, (..., Q, Q).
 
     ``nonpositive``: every log decay is <= 0 (A <= 0, dt >= 0: the Mamba-2 contract), so seg
     is >= 0 exactly above the diagonal and <= 0 on and below it (up to rounding), and one
     ``clamp(FLOOR, 0)`` replaces the causal multiply and the floor (one pass fewer over the
-    (Q, Q) buffer).  ``out``: the buffer of the in-place form (see :func:`_cumsum_differences`).
+    (Q, Q) buffer).  ``out`` and ``split``: see :func:`_cumsum_differences`.
     """
-    seg = _cumsum_differences(log_decay, inplace, out)
+    seg = _cumsum_differences(log_decay, inplace, out, split)
     if nonpositive:
         return seg.clamp_(LOG_DECAY_FLOOR, 0.0).exp_() if inplace else \
             seg.clamp(LOG_DECAY_FLOOR, 0.0).exp()
@@ -182,6 +194,25 @@ INFERENCE_FORM = True
 INFERENCE_CHUNK = 64
 
 
+def _chunked_inputs(x: torch.Tensor, dt: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+                    t0: int, t1: int, chunks: int, chunk_size: int, acc: torch.dtype
+                    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Tokens t0:t1 of the scan inputs, zero-padded to ``chunks * chunk_size`` tokens, in the
+    layouts of the inference forms: x (batch, k, Q, H, P) and dt (batch, k, Q, H) in ``acc``,
+    B^T (batch, k, G, N, Q) contiguous, C (batch, k, G, Q, N)."""
+    batch, heads, headdim = x.shape[0], x.shape[2], x.shape[3]
+    groups, d_state = B.shape[2], B.shape[3]
+    pad = chunks * chunk_size - (t1 - t0)
+    shape = (batch, chunks, chunk_size)
+    x_c = _pad_tokens(x[:, t0:t1].to(acc), pad).view(*shape, heads, headdim)
+    dt_c = _pad_tokens(dt[:, t0:t1].to(acc), pad).view(*shape, heads)
+    b_t = _pad_tokens(B[:, t0:t1].to(acc), pad).view(*shape, groups, d_state).permute(
+        0, 1, 3, 4, 2).contiguous()
+    c_g = _pad_tokens(C[:, t0:t1].to(acc), pad).view(*shape, groups, d_state).permute(
+        0, 1, 3, 2, 4)
+    return x_c, dt_c, b_t, c_g
+
+
 def _scan_inference(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
                     C: torch.Tensor, D: Optional[torch.Tensor], chunk_size: int,
                     chunks_per_step: Optional[int], nonpositive: bool) -> torch.Tensor:
@@ -215,7 +246,7 @@ def _scan_inference(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch
                                                              num_chunks), num_chunks)
     a32 = A.to(acc)
     d32 = None if D is None else D.to(acc)[:, None]
-    causal = torch.ones(q, q, dtype=torch.bool, device=x.device).tril()
+    upper = torch.ones(q, q, dtype=torch.bool, device=x.device).triu(1)
 
     # lhs = [W | E] (batch, step, H, Q, Q + N); rhs = [X ; S] (batch, step, H, Q + N, P).
     lhs = x.new_empty((batch, step, heads, q, q + d_state), dtype=acc)
@@ -225,31 +256,18 @@ def _scan_inference(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch
     for first in range(0, num_chunks, step):
         k = min(step, num_chunks - first)
         t0, t1 = first * q, min((first + k) * q, length)
-        pad = (first + k) * q - t1
         lhs_k, rhs_k = lhs[:, :k], rhs[:, :k]
-        dt_c = _pad_tokens(dt[:, t0:t1].to(acc), pad).view(batch, k, q, heads)
-        x_c = _pad_tokens(x[:, t0:t1], pad).view(batch, k, q, heads, headdim)
-        b_c = _pad_tokens(B[:, t0:t1], pad).view(batch, k, q, groups, d_state)
-        c_c = _pad_tokens(C[:, t0:t1], pad).view(batch, k, q, groups, d_state)
-        b_t = b_c.to(acc).permute(0, 1, 3, 4, 2).contiguous()  # (batch, k, G, N, Q)
-        c_g = c_c.to(acc).permute(0, 1, 3, 2, 4)  # (batch, k, G, Q, N)
+        x_c, dt_c, b_t, c_g = _chunked_inputs(x, dt, B, C, t0, t1, k, q, acc)
 
         # X = dt x, head-major, into the top of rhs.
         xdt = rhs_k[..., :q, :]
         torch.mul(x_c.permute(0, 1, 3, 2, 4), dt_c.permute(0, 1, 3, 2).unsqueeze(-1), out=xdt)
 
-        # Log decays from the chunk start (fp64 sums, split hi + lo as in _cumsum_differences)
-        # and exp(cum_i - cum_j) in the left block of lhs.
-        cum = (dt_c * a32).to(torch.float64).cumsum(dim=2).permute(0, 1, 3, 2)  # (b, k, H, Q)
-        hi = cum.to(acc)
-        lo = (cum - hi.to(torch.float64)).to(acc)
-        decay = lhs_k[..., :q]
-        torch.sub(hi.unsqueeze(-1), hi.unsqueeze(-2), out=decay)
-        decay.add_(lo.unsqueeze(-1)).sub_(lo.unsqueeze(-2))
-        if nonpositive:
-            decay.clamp_(LOG_DECAY_FLOOR, 0.0).exp_()
-        else:
-            decay.masked_fill_(~causal, 0.0).clamp_(min=LOG_DECAY_FLOOR).exp_()
+        # Log decays from the chunk start and exp(cum_i - cum_j) in the left block of lhs.
+        log_decay = (dt_c * a32).permute(0, 1, 3, 2)  # (batch, k, H, Q)
+        split = _split_cumsum(log_decay)
+        cum, hi = split[0], split[1]
+        decay = _unmasked_decay(log_decay, True, nonpositive, lhs_k[..., :q], split)
 
         # The chunk's own state: (B * exp(cum_end - cum_j))^T-products with X, (b, k, H, N, P).
         to_end = decay[..., -1, :].unsqueeze(-2)  # (batch, k, H, 1, Q): no entry above diagonal
@@ -258,7 +276,7 @@ def _scan_inference(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch
         del b_end
 
         # W = decay * causal scores (shared by the heads of a group); E = exp(cum) C.
-        scores = torch.matmul(c_g, b_t).masked_fill_(~causal, 0.0)  # (batch, k, G, Q, Q)
+        scores = torch.matmul(c_g, b_t).masked_fill_(upper, 0.0)  # (batch, k, G, Q, Q)
         decay.view(batch, k, groups, per_group, q, q).mul_(scores.unsqueeze(3))
         torch.mul(c_g.unsqueeze(3), hi.exp().view(batch, k, groups, per_group, q, 1),
                   out=lhs_k[..., q:].view(batch, k, groups, per_group, q, d_state))
@@ -298,7 +316,7 @@ def _scan_inference_graph(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,
     The same per-chunk products, written with out-of-place whole-tensor ops on all chunks
     at once (no kept buffers, no ``out=``, no slice updates); only the state recurrence is a
     loop over chunks, unrolled in the graph.  Decays are not known to be <= 0 while tracing,
-    so the causal mask is applied in the log domain.
+    so the decay takes its general (masked) form.
 
     Args:
         x, dt, A, B, C, D: As :func:`ssd_scan_torch`.
@@ -312,24 +330,19 @@ def _scan_inference_graph(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,
     per_group = heads // groups
     q = chunk_size
     k = math.ceil(length / q)
-    pad = k * q - length
     acc = torch.promote_types(x.dtype, torch.float32)
-    causal = torch.ones(q, q, dtype=torch.bool, device=x.device).tril()
-    x_c = _pad_tokens(x.to(acc), pad).view(batch, k, q, heads, headdim)
-    dt_c = _pad_tokens(dt.to(acc), pad).view(batch, k, q, heads)
-    b_t = _pad_tokens(B.to(acc), pad).view(batch, k, q, groups, d_state).permute(0, 1, 3, 4, 2)
-    c_g = _pad_tokens(C.to(acc), pad).view(batch, k, q, groups, d_state).permute(0, 1, 3, 2, 4)
+    upper = torch.ones(q, q, dtype=torch.bool, device=x.device).triu(1)
+    x_c, dt_c, b_t, c_g = _chunked_inputs(x, dt, B, C, 0, length, k, q, acc)
 
     xdt = (x_c * dt_c.unsqueeze(-1)).permute(0, 1, 3, 2, 4)  # (batch, k, H, Q, P)
-    cum = (dt_c * A.to(acc)).to(torch.float64).cumsum(dim=2).permute(0, 1, 3, 2)
-    hi = cum.to(acc)
-    lo = (cum - hi.to(torch.float64)).to(acc)
-    seg = (hi.unsqueeze(-1) - hi.unsqueeze(-2)) + (lo.unsqueeze(-1) - lo.unsqueeze(-2))
-    decay = seg.masked_fill(~causal, 0.0).clamp(min=LOG_DECAY_FLOOR).exp()  # (b, k, H, Q, Q)
+    log_decay = (dt_c * A.to(acc)).permute(0, 1, 3, 2)  # (batch, k, H, Q)
+    split = _split_cumsum(log_decay)
+    cum, hi = split[0], split[1]
+    decay = _unmasked_decay(log_decay, False, split=split)  # (batch, k, H, Q, Q)
 
     to_end = decay[..., -1, :].reshape(batch, k, groups, per_group, 1, q)
     own = torch.matmul((b_t.unsqueeze(3) * to_end).reshape(batch, k, heads, d_state, q), xdt)
-    scores = torch.matmul(c_g, b_t).masked_fill(~causal, 0.0)  # (batch, k, G, Q, Q)
+    scores = torch.matmul(c_g, b_t).masked_fill(upper, 0.0)  # (batch, k, G, Q, Q)
     weights = (decay.view(batch, k, groups, per_group, q, q) * scores.unsqueeze(3)).reshape(
         batch, k, heads, q, q)
     from_state = (c_g.unsqueeze(3) * hi.exp().view(batch, k, groups, per_group, q, 1)).reshape(
