@@ -22,6 +22,14 @@ Flip schedules (``flip_schedule``):
   trained with it.
 * ``'none'``, or a sequence of block indices to flip.
 
+The flips are part of what the weights were trained for, so they travel with them: the
+persistent buffer ``flipped_blocks`` (one bool per block) is saved in every checkpoint, and
+loading a checkpoint whose ``flipped_blocks`` differ fails, naming both schedules.  Checkpoints
+without the record (the public code's, mmlinvit's before it) load as they are, except that a
+checkpoint written by the public code (its unprefixed classifier ``head.*``) into a model
+whose flips are not ``'official'`` fails in :meth:`Adventurer.init_weights`
+(``check_flip_schedule=False`` allows it on purpose).
+
 Parameter names follow the public code (``patch_embed.proj``, ``cls_token``, ``pos_embed``
 with the class position LAST, ``layers.i.{norm, mixer.*, norm_mlp, mlp.w1, mlp.w2, mlp.w3}``,
 ``norm_f``) plus ``mask_token``, so released weights load with ``strict=True`` once the
@@ -57,6 +65,30 @@ ADVENTURER_SIZES: Dict[str, dict] = {
 _SIZE_ALIASES = {'tiny': 't', 'small': 's', 'base': 'b', 'large': 'l'}
 
 FLIP_SCHEDULES = ('paper', 'official', 'none')
+
+
+class FlipScheduleMismatchError(ValueError):
+    """Checkpoint weights were trained with other patch flips than the model's."""
+
+
+def describe_flips(indices: Sequence[int], num_layers: int,
+                   schedule: Union[str, Sequence[int], None] = None) -> str:
+    """``[1, 3, 5] (flip_schedule='paper')``: the flipped blocks and their schedule name.
+
+    Args:
+        indices: Flipped block indices.
+        num_layers: Depth.
+        schedule: The name they were built from, if known; otherwise every name of
+            :data:`FLIP_SCHEDULES` that gives these indices at this depth.
+    """
+    indices = sorted(int(i) for i in indices)
+    if isinstance(schedule, str):
+        names = [schedule]
+    else:
+        names = [n for n in FLIP_SCHEDULES if flip_block_indices(n, num_layers) == indices]
+    if not names:
+        return f'{indices}'
+    return f'{indices} (flip_schedule=' + ' or '.join(f"'{n}'" for n in names) + ')'
 
 def flip_block_indices(schedule: Union[str, Sequence[int]], num_layers: int) -> List[int]:
     """Indices of the blocks that scan the patch tokens in reverse.
@@ -218,12 +250,21 @@ class Adventurer(TokenBackbone):
             built with ``with_mask_token=False``; everything else must match.
         with_cp: Activation checkpointing of the blocks while training with gradients
             (recompute in backward; see :mod:`.checkpointing`).
+        check_flip_schedule: Refuse ``pretrained`` weights written by the public Adventurer
+            code (trained with ``flip_schedule='official'``) when this model's flips differ.
+            ``False`` loads them anyway (fine-tuning them with other flips on purpose).
+            Weights that record their flips (``flipped_blocks``) must match in any case.
     """
 
     BLOCKS = 'layers'
     FINAL_NORM = 'norm_f'
     STEM = ('cls_token', 'mask_token', 'pos_embed', 'patch_embed')
-    BUILD_OPTIONS = 'arch / with_mask_token / mixer_cfg'
+    BUILD_OPTIONS = 'arch / with_mask_token / mixer_cfg / flip_schedule'
+    OPTIONAL_CHECKPOINT_KEYS = {
+        'flipped_blocks': 'record of the patch flips (checkpoints of the public code and of '
+                          'mmlinvit before the record have none): the flips of flip_schedule '
+                          'are used',
+    }
 
     def __init__(self,
                  arch: Union[str, dict] = 'b',
@@ -241,7 +282,8 @@ class Adventurer(TokenBackbone):
                  norm_all_outputs: bool = False,
                  frozen_stages: int = -1,
                  pretrained: Optional[str] = None,
-                 with_cp: bool = False) -> None:
+                 with_cp: bool = False,
+                 check_flip_schedule: bool = True) -> None:
         super().__init__()
         if isinstance(arch, str):
             key = _SIZE_ALIASES.get(arch, arch)
@@ -268,6 +310,11 @@ class Adventurer(TokenBackbone):
         self.mixer_cfg = dict(mixer_cfg or {})
         self.flip_schedule = flip_schedule
         self.flip_indices = flip_block_indices(flip_schedule, self.num_layers)
+        self.check_flip_schedule = check_flip_schedule
+        # Saved with the weights, checked when loading (see the module docstring).
+        self.register_buffer('flipped_blocks', torch.tensor(
+            [i in self.flip_indices for i in range(self.num_layers)], dtype=torch.bool))
+        self._register_load_state_dict_pre_hook(self._check_flips_on_load)
         self.out_type = out_type
         self.norm_all_outputs = norm_all_outputs
         self.frozen_stages = frozen_stages
@@ -327,6 +374,56 @@ class Adventurer(TokenBackbone):
                 nn.init.zeros_(m.bias)
         for blk in self.layers:
             blk.mixer.out_proj.weight.div_(self.num_layers**0.5)
+
+    def _check_flips_on_load(self, state_dict: dict, prefix: str, *args) -> None:
+        """Refuses weights recorded with other flips; fills the record when absent."""
+        key = prefix + 'flipped_blocks'
+        recorded = state_dict.get(key)
+        if recorded is None:
+            state_dict[key] = self.flipped_blocks.clone()
+            return
+        recorded = recorded.to(torch.bool).flatten()
+        if recorded.shape == self.flipped_blocks.shape and torch.equal(
+                recorded.cpu(), self.flipped_blocks.cpu()):
+            return
+        theirs = describe_flips(recorded.nonzero().flatten().tolist(), recorded.numel())
+        ours = describe_flips(self.flip_indices, self.num_layers, self.flip_schedule)
+        raise FlipScheduleMismatchError(
+            f'The checkpoint\'s Adventurer weights were trained reversing the patch scan in '
+            f'blocks {theirs}; this model reverses blocks {ours}, so it would compute features '
+            f'the weights were not trained for. Build the model with the checkpoint\'s flips: '
+            f'flip_schedule={recorded.nonzero().flatten().tolist()} or the name given above '
+            f'(config: model.backbone.flip_schedule, or the student\'s in a distillation '
+            f'config).')
+
+    def init_weights(self) -> None:
+        """Loads ``pretrained`` (see :class:`TokenBackbone`), refusing public-code weights
+        whose flips differ from this model's unless ``check_flip_schedule=False``."""
+        super().init_weights()
+        report = self.load_report
+        official = flip_block_indices('official', self.num_layers)
+        if (report is None or not self.check_flip_schedule or self.flip_indices == official
+                or not self.is_public_code_checkpoint(report)):
+            return
+        ours = describe_flips(self.flip_indices, self.num_layers, self.flip_schedule)
+        raise FlipScheduleMismatchError(
+            f'{self.pretrained!r} was written by the public Adventurer code (it has the '
+            f'unprefixed classifier head.* and no flipped_blocks record), whose models reverse '
+            f"the patch scan in blocks {official} (flip_schedule='official'); this model "
+            f'reverses blocks {ours}, so the weights would compute features they were not '
+            f'trained for. Build with '
+            f"flip_schedule='official' (--cfg-options model.backbone.flip_schedule=official), "
+            f'or with check_flip_schedule=False to fine-tune them with other flips on purpose.')
+
+    @staticmethod
+    def is_public_code_checkpoint(report) -> bool:
+        """Whether a load report describes weights written by the public Adventurer code:
+        read as the ``'adventurer'`` layout, no wrapper prefix, an ImageNet ``head.*`` dropped
+        and no ``flipped_blocks`` record (mmlinvit's task models keep their heads under other
+        prefixes: ``head.fc.*`` beside ``backbone.*``)."""
+        return (report.source_layout == 'adventurer' and report.prefix == ''
+                and 'head.weight' in report.dropped
+                and 'flipped_blocks' in report.initialised)
 
     def surplus_checkpoint_keys(self) -> Dict[str, str]:
         """A checkpoint ``mask_token`` is dropped when this model has none (built with

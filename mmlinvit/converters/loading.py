@@ -398,7 +398,7 @@ def load_pretrained(model: nn.Module,
     logger.info('Loaded %s into %s:\n%s', source, type(model).__name__, report.format())
     if missing:
         # Visible at default verbosity (WARNING): parameters that did not come from the file.
-        logger.warning('%s: %d parameter(s) of %s are not in the checkpoint and keep their '
+        logger.warning('%s: %d tensor(s) of %s are not in the checkpoint and keep their '
                        'init: %s', source, len(missing), type(model).__name__,
                        '; '.join(report.describe_initialised()))
     if unexpected:

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from mmlinvit.backbones import Adventurer, VisionTransformer
+from mmlinvit.backbones.adventurer import FlipScheduleMismatchError
 from mmlinvit.converters import (BACKBONE_PREFIXES, STUDENT_PREFIXES, CheckpointMismatchError,
                                  convert_state_dict, detect_layout)
 
@@ -55,9 +56,9 @@ def official_checkpoint(num_classes: int = 10) -> dict:
     return {k: 0.1 * torch.randn(s, generator=gen) for k, s in shapes.items()}
 
 
-def tiny(**kwargs) -> Adventurer:
+def tiny(flip_schedule='official', **kwargs) -> Adventurer:
     return Adventurer(arch=dict(embed_dims=DIM, num_layers=DEPTH), img_size=GRID * PATCH,
-                      patch_size=PATCH, flip_schedule='official',
+                      patch_size=PATCH, flip_schedule=flip_schedule,
                       mixer_cfg=dict(d_state=D_STATE, headdim=HEADDIM, chunk_size=16),
                       **kwargs)
 
@@ -74,9 +75,11 @@ def test_released_checkpoint_is_detected_and_loads(tmp_path):
     torch.save({'model': official, 'epoch': 3}, path)
     model = tiny(with_mask_token=False, pretrained=path)
     model.init_weights()
-    assert set(model.state_dict()) == set(converted)
-    for key, value in model.state_dict().items():
-        assert torch.equal(value, official[key]), key
+    # the model adds its flip record, which the public code's files lack
+    assert set(model.state_dict()) == set(converted) | {'flipped_blocks'}
+    assert 'flipped_blocks' in model.load_report.initialised
+    for key, value in converted.items():
+        assert torch.equal(model.state_dict()[key], official[key]), key
     assert model.load_report.loaded == len(converted)
 
 
@@ -92,7 +95,7 @@ def test_one_prefix_table_for_task_models_and_students(tmp_path):
     model.init_weights()
     assert model.load_report.prefix == 'backbone.'
     assert model.load_report.dropped == {'head.fc.weight': "outside 'backbone.'"}
-    assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in weights.items())
     # the student prefixes export_student.py uses are those of the same table
     assert STUDENT_PREFIXES == ('student.backbone.', 'student.')
     assert set(STUDENT_PREFIXES) < set(BACKBONE_PREFIXES)
@@ -105,3 +108,67 @@ def test_adventurer_checkpoint_into_a_vit_names_the_keys():
     with pytest.raises(CheckpointMismatchError, match=r'(?s)missing keys.*unexpected keys '
                        r'\(\d+\): .*layers\.\{0-1\}\.mixer'):
         load_pretrained(vit, official_checkpoint())
+
+
+def test_public_code_weights_refuse_other_flips(tmp_path):
+    """The public code trains with flip_schedule='official' (n // 2 == 1: none of 2 blocks);
+    its weights in a model that flips block 1 ('paper', the default) would be silently wrong."""
+    path = str(tmp_path / 'adventurer_tiny.pth')
+    torch.save({'model': official_checkpoint(), 'epoch': 3}, path)
+    paper = tiny(with_mask_token=False, pretrained=path, flip_schedule='paper')
+    with pytest.raises(FlipScheduleMismatchError,
+                       match=r"(?s)public Adventurer code.*\[\] \(flip_schedule='official'\).*"
+                             r"\[1\] \(flip_schedule='paper'\).*flip_schedule=official"):
+        paper.init_weights()
+    on_purpose = tiny(with_mask_token=False, pretrained=path, flip_schedule='paper',
+                      check_flip_schedule=False)
+    on_purpose.init_weights()
+    assert on_purpose.load_report.loaded > 0
+    # the same weights inside an mmlinvit task model (backbone.* + head.fc.*) are not the
+    # public code's: no record, no check
+    task = {'backbone.' + k: v for k, v in official_checkpoint().items()
+            if not k.startswith('head.')}
+    task['head.fc.weight'] = torch.zeros(10, DIM)
+    task_path = str(tmp_path / 'task.pth')
+    torch.save({'state_dict': task}, task_path)
+    tiny(with_mask_token=False, pretrained=task_path, flip_schedule='paper').init_weights()
+
+
+@pytest.mark.parametrize('via', ['load_pretrained', 'load_state_dict', 'mmengine'])
+def test_recorded_flips_must_match(tmp_path, via):
+    """mmlinvit checkpoints carry flipped_blocks; a model with other flips refuses them on
+    every loading path (before any tensor is copied), and accepts its own."""
+    trained = tiny(with_mask_token=False, flip_schedule='paper')
+    assert trained.flipped_blocks.tolist() == [False, True]
+    path = str(tmp_path / 'student_backbone.pth')
+    torch.save(trained.state_dict(), path)
+    other = tiny(with_mask_token=False, flip_schedule='none')
+    before = {k: v.clone() for k, v in other.state_dict().items()}
+
+    def load(model):
+        if via == 'load_pretrained':
+            from mmlinvit.converters import load_pretrained
+            load_pretrained(model, path)
+        elif via == 'load_state_dict':
+            model.load_state_dict(torch.load(path, weights_only=True))
+        else:
+            from mmengine.runner import load_checkpoint
+            load_checkpoint(model, path, map_location='cpu')
+
+    with pytest.raises(FlipScheduleMismatchError,
+                       match=r"(?s)blocks \[1\] \(flip_schedule='paper'\).*reverses blocks "
+                             r"\[\] \(flip_schedule='none'\).*flip_schedule=\[1\]"):
+        load(other)
+    assert all(torch.equal(v, before[k]) for k, v in other.state_dict().items())
+    same = tiny(with_mask_token=False, flip_schedule=[1])
+    load(same)
+    assert all(torch.equal(v, trained.state_dict()[k]) for k, v in same.state_dict().items())
+
+
+def test_checkpoints_without_the_record_still_load_strictly():
+    """Files from before the record: the model's own flips are used, strict loads pass."""
+    trained = tiny(with_mask_token=False, flip_schedule='paper')
+    old = {k: v for k, v in trained.state_dict().items() if k != 'flipped_blocks'}
+    model = tiny(with_mask_token=False, flip_schedule='none')
+    model.load_state_dict(old, strict=True)
+    assert model.flipped_blocks.tolist() == [False, False]
