@@ -54,6 +54,7 @@ from mmlinvit.layers.transformer import DropPath
 from .base import TokenBackbone
 from .checkpointing import run_block
 from .outputs import check_out_type
+from .training_record import TrainingRecordMismatchError
 
 #: Sizes of the public models (all patch 16, Mamba-2 headdim 64, d_state 64, expand 2).
 ADVENTURER_SIZES: Dict[str, dict] = {
@@ -67,7 +68,7 @@ _SIZE_ALIASES = {'tiny': 't', 'small': 's', 'base': 'b', 'large': 'l'}
 FLIP_SCHEDULES = ('paper', 'official', 'none')
 
 
-class FlipScheduleMismatchError(ValueError):
+class FlipScheduleMismatchError(TrainingRecordMismatchError):
     """Checkpoint weights were trained with other patch flips than the model's."""
 
 
@@ -260,6 +261,7 @@ class Adventurer(TokenBackbone):
     FINAL_NORM = 'norm_f'
     STEM = ('cls_token', 'mask_token', 'pos_embed', 'patch_embed')
     BUILD_OPTIONS = 'arch / with_mask_token / mixer_cfg / flip_schedule'
+    TRAINING_RECORDS = ('flipped_blocks', )
     OPTIONAL_CHECKPOINT_KEYS = {
         'flipped_blocks': 'record of the patch flips (checkpoints of the public code and of '
                           'mmlinvit before the record have none): the flips of flip_schedule '
@@ -312,9 +314,8 @@ class Adventurer(TokenBackbone):
         self.flip_indices = flip_block_indices(flip_schedule, self.num_layers)
         self.check_flip_schedule = check_flip_schedule
         # Saved with the weights, checked when loading (see the module docstring).
-        self.register_buffer('flipped_blocks', torch.tensor(
+        self.register_training_record('flipped_blocks', torch.tensor(
             [i in self.flip_indices for i in range(self.num_layers)], dtype=torch.bool))
-        self._register_load_state_dict_pre_hook(self._check_flips_on_load)
         self.out_type = out_type
         self.norm_all_outputs = norm_all_outputs
         self.frozen_stages = frozen_stages
@@ -375,16 +376,10 @@ class Adventurer(TokenBackbone):
         for blk in self.layers:
             blk.mixer.out_proj.weight.div_(self.num_layers**0.5)
 
-    def _check_flips_on_load(self, state_dict: dict, prefix: str, *args) -> None:
-        """Refuses weights recorded with other flips; fills the record when absent."""
-        key = prefix + 'flipped_blocks'
-        recorded = state_dict.get(key)
-        if recorded is None:
-            state_dict[key] = self.flipped_blocks.clone()
-            return
-        recorded = recorded.to(torch.bool).flatten()
-        if recorded.shape == self.flipped_blocks.shape and torch.equal(
-                recorded.cpu(), self.flipped_blocks.cpu()):
+    def check_training_record(self, name: str, recorded: torch.Tensor) -> None:
+        """Refuses weights recorded with other flips (``flipped_blocks``)."""
+        recorded = recorded.to(torch.bool).flatten().cpu()
+        if torch.equal(recorded, self.flipped_blocks.cpu()):
             return
         theirs = describe_flips(recorded.nonzero().flatten().tolist(), recorded.numel())
         ours = describe_flips(self.flip_indices, self.num_layers, self.flip_schedule)

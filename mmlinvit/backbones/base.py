@@ -11,7 +11,9 @@ depend on what a block computes:
 * position-embedding rows and grids: resampling a checkpoint grid to the model grid
   (:meth:`~TokenBackbone.resample_pos_embed`), applied by a ``load_state_dict`` pre-hook;
 * ``init_weights`` (``pretrained`` through :func:`mmlinvit.converters.load_pretrained`) and
-  ``get_layer_depth`` (layer-wise learning-rate decay).
+  ``get_layer_depth`` (layer-wise learning-rate decay);
+* training records (:mod:`.training_record`): buffers saved with the weights that say what
+  they were trained with, compared by a ``load_state_dict`` pre-hook.
 
 A subclass names its parts with the class attributes below and implements
 :meth:`prepare_tokens` and :meth:`_block_args`.
@@ -49,12 +51,16 @@ class TokenBackbone(nn.Module):
     OPTIONAL_CHECKPOINT_KEYS: Dict[str, str] = {}
     #: What to build differently when a checkpoint does not fit (for the error message).
     BUILD_OPTIONS: str = 'arch'
+    #: Names of the training-record buffers (:mod:`.training_record`): state-dict entries
+    #: that describe the weights instead of being weights.
+    TRAINING_RECORDS: Tuple[str, ...] = ()
 
     # ------------------------------------------------------------------ construction
     def _finish_init(self, out_indices: Union[int, Sequence[int]]) -> None:
         """Resolves ``out_indices``, initialises, hooks position grids and freezes."""
         self.out_indices = resolve_out_indices(out_indices, self.num_layers)
         self._init_parameters()
+        self._register_load_state_dict_pre_hook(self._check_training_records_on_load)
         self._register_load_state_dict_pre_hook(self._adapt_pos_embed_on_load)
         self._freeze_stages()
 
@@ -156,6 +162,46 @@ class TokenBackbone(nn.Module):
         n = pos.shape[1] - sum(self.pos_extra_rows) if pos.ndim == 3 else 0
         return (self.pos_embed is not None and pos.ndim == 3 and pos.shape[0] == 1
                 and pos.shape[-1] == self.embed_dims and n > 0 and int(n**0.5 + 0.5)**2 == n)
+
+    # ------------------------------------------------------------------ training records
+    def register_training_record(self, name: str, value: torch.Tensor) -> None:
+        """Registers a persistent buffer saying what the weights are trained with.
+
+        ``name`` must be in the class's :attr:`TRAINING_RECORDS` and
+        ``OPTIONAL_CHECKPOINT_KEYS`` (checkpoints without the record load), and the class
+        implements :meth:`check_training_record`.
+
+        Args:
+            name: Buffer name.
+            value: The model's record.
+        """
+        if name not in self.TRAINING_RECORDS or name not in self.OPTIONAL_CHECKPOINT_KEYS:
+            raise ValueError(f'{type(self).__name__} must list {name!r} in TRAINING_RECORDS and '
+                             f'OPTIONAL_CHECKPOINT_KEYS')
+        self.register_buffer(name, value)
+
+    def check_training_record(self, name: str, recorded: torch.Tensor) -> None:
+        """Raises :class:`~.training_record.TrainingRecordMismatchError` when a checkpoint's
+        record ``name`` (same shape as the model's) rules its weights out for this model."""
+        raise NotImplementedError
+
+    def _check_training_records_on_load(self, state_dict: Dict[str, torch.Tensor], prefix: str,
+                                        *args) -> None:
+        """``load_state_dict`` pre-hook (it runs before any tensor of this module or its
+        children is copied): checks each record the checkpoint has.  A record never changes
+        by loading: what is loaded is the model's own (a softmax checkpoint's record loaded
+        into a linear student must not make the student's checkpoints claim softmax).  A
+        record of another shape (another depth) is left to ``load_state_dict``, which reports
+        it with the other shape mismatches."""
+        for name in self.TRAINING_RECORDS:
+            key = prefix + name
+            recorded = state_dict.get(key)
+            own = getattr(self, name)
+            if recorded is not None and tuple(recorded.shape) != tuple(own.shape):
+                continue
+            if recorded is not None:
+                self.check_training_record(name, recorded)
+            state_dict[key] = own.clone()
 
     def _adapt_pos_embed_on_load(self, state_dict: Dict[str, torch.Tensor], prefix: str,
                                  *args) -> None:

@@ -17,7 +17,7 @@ resolution (512, 518, 1024, 512 x 1024) resample it per forward.  A side that is
 multiple of the patch size is zero-padded at the bottom / right (mmseg's ViT, ``padding=
 'corner'``): a 500 x 500 input at patch 16 gives a 32 x 32 grid, not a cropped 31 x 31.
 """
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -30,6 +30,18 @@ from .arch_zoo import VIT_SIZES, family_defaults
 from .base import TokenBackbone
 from .operator_setting import resolve_operator_setting
 from .outputs import check_out_type
+from .training_record import (TrainingRecordMismatchError, decode_names, describe_blocks,
+                              encode_names)
+
+
+class AttentionOperatorMismatchError(TrainingRecordMismatchError):
+    """Checkpoint blocks were trained with another attention operator than the model's."""
+
+
+def operator_name(attn_cfg: Union[str, dict]) -> str:
+    """The registered operator name of one block's ``attn_cfg`` (``'mmlinvit.'`` dropped)."""
+    name = attn_cfg if isinstance(attn_cfg, str) else attn_cfg['type']
+    return name[len('mmlinvit.'):] if name.startswith('mmlinvit.') else name
 
 
 class VisionTransformer(TokenBackbone):
@@ -91,8 +103,12 @@ class VisionTransformer(TokenBackbone):
     OPTIONAL_CHECKPOINT_KEYS = {
         'mask_token': 'mask token (only replaces masked patches; timm DINOv2 checkpoints have '
                       'none), initialised to zeros as in the DINOv2 code',
+        'block_operators': 'record of the attention operator of each block (official '
+                           'checkpoints and mmlinvit files from before the record have none): '
+                           "the model's operators are recorded",
     }
     BUILD_OPTIONS = 'family / arch / num_reg_tokens / with_mask_token / attn_cfg'
+    TRAINING_RECORDS = ('block_operators', )
 
     def __init__(self,
                  arch: Union[str, dict] = 'b',
@@ -221,6 +237,9 @@ class VisionTransformer(TokenBackbone):
                 drop_path_rate=dpr[i]) for i in range(self.num_layers)
         ])
         self.attn_cfgs = attn_cfgs
+        # Saved with the weights, checked when loading (see check_training_record).
+        self.register_training_record('block_operators', encode_names(
+            [operator_name(cfg) for cfg in attn_cfgs]))
         self.norm = (nn.LayerNorm(self.embed_dims, eps=pick(norm_eps, 'norm_eps'))
                      if final_norm else nn.Identity())
 
@@ -238,6 +257,36 @@ class VisionTransformer(TokenBackbone):
         for cfg in cfgs:  # fail at build time with the list of operators
             ATTENTION_OPERATORS.get(cfg if isinstance(cfg, str) else cfg['type'])
         return cfgs
+
+    def check_training_record(self, name: str, recorded: torch.Tensor) -> None:
+        """Refuses a checkpoint whose blocks were trained with another attention operator
+        (``block_operators``).  Softmax-attention weights load into every operator: they are
+        what linearization starts from.
+
+        Raises:
+            AttentionOperatorMismatchError: naming the blocks, both operators and the
+                ``attn_cfg`` that loads the checkpoint.
+        """
+        theirs = decode_names(recorded)
+        ours = [operator_name(cfg) for cfg in self.attn_cfgs]
+        clashes: Dict[Tuple[str, str], List[int]] = {}
+        for i, (their, our) in enumerate(zip(theirs, ours)):
+            if their != our and their != 'softmax':
+                clashes.setdefault((their, our), []).append(i)
+        if not clashes:
+            return
+        lines = [f"block{'s' if len(blocks) > 1 else ''} {describe_blocks(blocks)}: '{their}' "
+                 f"in the checkpoint, '{our}' in the model"
+                 for (their, our), blocks in clashes.items()]
+        fix = f"'{theirs[0]}'" if len(set(theirs)) == 1 else f'{theirs}'
+        raise AttentionOperatorMismatchError(
+            'The checkpoint\'s weights were trained with other attention operators than this '
+            'model\'s, so the model would compute features they were not trained for:\n  '
+            + '\n  '.join(lines) + '\nSoftmax-attention weights load into any operator (the '
+            'start of linearization); other operators\' weights only into their own. Build the '
+            f'model with the checkpoint\'s operators: attn_cfg={fix} (config: '
+            'model.backbone.attn_cfg, or the student\'s / teacher\'s backbone of a '
+            'distillation config).')
 
     def _init_parameters(self) -> None:
         """timm-style init: truncated normal tokens / linears, zero biases, unit norms."""

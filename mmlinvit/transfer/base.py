@@ -19,6 +19,7 @@ import torch
 import torch.nn as nn
 
 from mmlinvit.backbones import VisionTransformer
+from mmlinvit.backbones.vit import operator_name as block_operator_name
 from mmlinvit.layers.pos_embed import infer_square_grid, resample_pos_grid
 from mmlinvit.utils import NameRegistry
 
@@ -191,13 +192,16 @@ def _teacher_state(teacher: TeacherLike) -> Tuple[Dict[str, torch.Tensor], bool]
         if not isinstance(teacher, VisionTransformer):
             raise TypeError('The teacher must be a mmlinvit VisionTransformer or a canonical '
                             f'state dict, got a {type(teacher).__name__} module')
-        state = {k: v.detach() for k, v in teacher.state_dict().items()}
+        state = {k: v.detach() for k, v in teacher.state_dict().items()
+                 if k not in VisionTransformer.TRAINING_RECORDS}
         return state, teacher.with_cls_token
     if not isinstance(teacher, Mapping):
         raise TypeError('The teacher must be a VisionTransformer or a state dict (mapping of '
                         f'names to tensors), got {type(teacher).__name__}')
     state = {}
     for key, value in teacher.items():
+        if key in VisionTransformer.TRAINING_RECORDS:  # describes weights, is none
+            continue
         if not isinstance(value, torch.Tensor):
             raise TypeError(f'Teacher state dict entry {key!r} is a {type(value).__name__}, not '
                             'a tensor; pass the state dict itself, not a checkpoint wrapper')
@@ -281,7 +285,7 @@ def pair_state_dicts(student: VisionTransformer, teacher: TeacherLike
     """
     check_compatible(student, teacher)
     state, teacher_has_cls = _teacher_state(teacher)
-    student_state = student.state_dict()
+    student_state = student_weights(student)
     counterparts: Dict[str, torch.Tensor] = {}
     adapted: Dict[str, str] = {}
     no_counterpart: Set[str] = set()
@@ -310,6 +314,14 @@ def pair_state_dicts(student: VisionTransformer, teacher: TeacherLike
                          'Teacher and student must share the architecture (arch, MLP type, '
                          'biases, register tokens).')
     return counterparts, adapted, no_counterpart
+
+
+def student_weights(student: VisionTransformer, keep_vars: bool = False
+                    ) -> Dict[str, torch.Tensor]:
+    """The student's state dict without its training records (``block_operators`` says
+    what the student is; it is never copied from the teacher nor reported)."""
+    return {k: v for k, v in student.state_dict(keep_vars=keep_vars).items()
+            if k not in student.TRAINING_RECORDS}
 
 
 # ---------------------------------------------------------------------- entry point
@@ -344,7 +356,7 @@ def transfer_weights(student: VisionTransformer,
 
     report = TransferReport(strategy=strat.name, options=strat.options())
     report.no_counterpart = no_counterpart
-    student_tensors = student.state_dict(keep_vars=True)
+    student_tensors = student_weights(student, keep_vars=True)
     with torch.no_grad():
         for key, value in counterparts.items():
             if strat.selects(key):
@@ -370,8 +382,7 @@ def transfer_weights(student: VisionTransformer,
 # ---------------------------------------------------------------------- structured inits
 def operator_name(student: VisionTransformer, index: int) -> str:
     """The operator name layer ``index`` of ``student`` was built with."""
-    cfg = student.attn_cfgs[index]
-    return cfg if isinstance(cfg, str) else str(cfg['type'])
+    return block_operator_name(student.attn_cfgs[index])
 
 
 class AttentionInitStrategy(TransferStrategy):

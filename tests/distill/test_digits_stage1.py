@@ -137,5 +137,5 @@ def test_stage1_lowers_the_attention_output_gap_on_digits(tmp_path):
     assert gap_after < 0.5 * gap_before
     # nothing but attention parameters moved
     for name, value in trained.state_dict().items():
-        if '.attn.' not in name:
+        if '.attn.' not in name and name not in trained.TRAINING_RECORDS:
             assert torch.equal(value, teacher.state_dict()[name]), name

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from mmlinvit.backbones import VisionTransformer
+from mmlinvit.backbones.training_record import decode_names
 from mmlinvit.layers.pos_embed import resample_pos_grid
 from mmlinvit.transfer import (TRANSFER_STRATEGIES, TransferReport, impulse_peak_fraction,
                                mimetic_targets, split_low_rank, transfer_weights)
@@ -43,11 +44,18 @@ EXPECTED_COPIED = {
 }
 
 
+def weights(model_or_state):
+    """A state dict without the training record (``block_operators``: not a weight)."""
+    state = (model_or_state.state_dict() if isinstance(model_or_state, torch.nn.Module)
+             else model_or_state)
+    return {k: v for k, v in state.items() if k not in VisionTransformer.TRAINING_RECORDS}
+
+
 def randomized(model):
-    """Every tensor drawn at random, so equality with the teacher means 'copied'."""
+    """Every weight drawn at random, so equality with the teacher means 'copied'."""
     gen = torch.Generator().manual_seed(123)
     with torch.no_grad():
-        for p in model.state_dict(keep_vars=True).values():
+        for p in weights(model.state_dict(keep_vars=True)).values():
             p.copy_(torch.randn(p.shape, generator=gen))
     return model
 
@@ -62,7 +70,7 @@ def teacher():
 
 
 def check_report(report, student_before, student, teacher_sd, copied, no_counterpart=frozenset()):
-    after = student.state_dict()
+    after, teacher_sd = weights(student), weights(teacher_sd)
     assert report.copied == set(copied)
     assert report.initialized == set(after) - set(copied)
     assert report.no_counterpart == set(no_counterpart)
@@ -84,12 +92,13 @@ def check_report(report, student_before, student, teacher_sd, copied, no_counter
 @pytest.mark.parametrize('use_alias', [False, True])
 def test_copy_strategies_exact_sets(teacher, name, alias, use_alias):
     student = VisionTransformer(TINY, attn_cfg='elu', **COMMON)
-    assert set(student.state_dict()) == ALL_KEYS
+    assert set(weights(student)) == ALL_KEYS
     before = snapshot(student)
     report = transfer_weights(student, teacher, alias if use_alias else name)
     assert report.strategy == name
     check_report(report, before, student, teacher.state_dict(), EXPECTED_COPIED[name])
     assert report.student_only == set() and report.strategy_initialized == set()
+    assert decode_names(student.block_operators) == ['elu', 'elu']  # not the teacher's record
 
 
 def test_state_dict_teacher_equals_module_teacher(teacher):
@@ -130,7 +139,7 @@ def test_full_copy_operator_extras_are_initialized(teacher, operator):
     # MHLA / TTT as in the paper: no class token, sin-cos position embedding, average pooling.
     student = VisionTransformer(TINY, attn_cfg=operator, with_cls_token=False,
                                 pos_embed_type='sincos', out_type='avg_featmap', **COMMON)
-    extras = set(student.state_dict()) - ALL_KEYS
+    extras = set(weights(student)) - ALL_KEYS
     assert extras, f'{operator} should have parameters softmax attention lacks'
     before = snapshot(student)
     report = transfer_weights(student, teacher, 'full_copy')
@@ -357,9 +366,11 @@ def test_linearize_cli_end_to_end(teacher, tmp_path):
     student = VisionTransformer(**meta['student_cfg'])
     student.load_state_dict(saved['state_dict'], strict=True)
     assert student.img_size == (32, 32) and student.patch_size == 8
-    for key, value in student.state_dict().items():
+    for key, value in weights(student).items():
         same = torch.equal(value, teacher.state_dict()[key])
         assert same == (key in EXPECTED_COPIED['mlp_copy']), key
+    # the saved student says what it is, not what the teacher's record said
+    assert decode_names(saved['state_dict']['block_operators']) == ['softmax', 'elu']
 
     with open(report_path) as f:
         report = json.load(f)

@@ -1,0 +1,99 @@
+"""Training records: the attention operators a ViT checkpoint was trained with travel with it.
+
+ELU+1, ReLU and softmax attention own the same ``qkv`` / ``proj``, so without the record an
+ELU student's weights load without complaint into a softmax model (or a ReLU one) that then
+computes features the weights were not trained for.  (The Adventurer's flip record is tested
+in ``tests/converters/test_adventurer_layout.py``.)
+"""
+import pytest
+import torch
+
+from mmlinvit.backbones import LinearVisionTransformer, VisionTransformer
+from mmlinvit.backbones.training_record import (NAME_BYTES, TrainingRecordMismatchError,
+                                                decode_names, describe_blocks, encode_names)
+from mmlinvit.backbones.vit import AttentionOperatorMismatchError
+from mmlinvit.converters import load_pretrained
+
+ARCH = dict(embed_dims=32, num_layers=3, num_heads=2, mlp_hidden_dims=64)
+
+
+def vit(attn_cfg='softmax', **kwargs) -> VisionTransformer:
+    return VisionTransformer(arch=ARCH, img_size=32, patch_size=16, attn_cfg=attn_cfg, **kwargs)
+
+
+def load(model, path, via):
+    if via == 'load_pretrained':
+        load_pretrained(model, path)
+    elif via == 'load_state_dict':
+        model.load_state_dict(torch.load(path, weights_only=True))
+    else:
+        from mmengine.runner import load_checkpoint
+        load_checkpoint(model, path, map_location='cpu')
+
+
+def test_names_round_trip_and_block_ranges():
+    names = ['softmax', 'elu', 'hedgehog', 'x' * NAME_BYTES]
+    assert decode_names(encode_names(names)) == names
+    with pytest.raises(ValueError, match='longer than'):
+        encode_names(['x' * (NAME_BYTES + 1)])
+    assert describe_blocks([5, 0, 1, 2]) == '0-2, 5'
+    assert describe_blocks([3]) == '3'
+
+
+def test_every_model_records_its_operators():
+    assert decode_names(vit().block_operators) == ['softmax'] * 3
+    assert decode_names(LinearVisionTransformer(arch=ARCH, img_size=32,
+                                                patch_size=16).block_operators) == ['elu'] * 3
+    hybrid = vit(['softmax', dict(type='mmlinvit.relu'), 'elu'])
+    assert decode_names(hybrid.block_operators) == ['softmax', 'relu', 'elu']
+    assert 'block_operators' in hybrid.state_dict()
+
+
+@pytest.mark.parametrize('via', ['load_pretrained', 'load_state_dict', 'mmengine'])
+def test_student_weights_refuse_another_operator(tmp_path, via):
+    student = vit('elu')
+    path = str(tmp_path / 'student_backbone.pth')
+    torch.save(student.state_dict(), path)
+    for wrong in (vit('softmax'), vit('relu')):
+        before = {k: v.clone() for k, v in wrong.state_dict().items()}
+        with pytest.raises(AttentionOperatorMismatchError,
+                           match=r"(?s)blocks 0-2: 'elu' in the checkpoint, '(softmax|relu)' in "
+                                 r"the model.*attn_cfg='elu'"):
+            load(wrong, path, via)
+        # refused before any tensor was copied
+        assert all(torch.equal(v, before[k]) for k, v in wrong.state_dict().items())
+    right = vit('elu')
+    load(right, path, via)
+    assert all(torch.equal(v, student.state_dict()[k]) for k, v in right.state_dict().items())
+
+
+def test_softmax_weights_initialise_any_operator_and_the_record_stays_the_models(tmp_path):
+    """Linearization starts from softmax weights: allowed, and the student keeps saying what
+    it is (a loaded 'softmax' record must not overwrite it)."""
+    teacher = vit('softmax')
+    student = vit(['elu', 'relu', 'softmax'])
+    student.load_state_dict(teacher.state_dict(), strict=True)
+    assert decode_names(student.block_operators) == ['elu', 'relu', 'softmax']
+    assert decode_names(student.state_dict()['block_operators']) == ['elu', 'relu', 'softmax']
+    # ... so a softmax model refuses the student's checkpoint afterwards
+    with pytest.raises(AttentionOperatorMismatchError,
+                       match=r"(?s)block 0: 'elu' in the checkpoint, 'softmax'.*"
+                             r"block 1: 'relu' in the checkpoint, 'softmax'.*"
+                             r"attn_cfg=\['elu', 'relu', 'softmax'\]"):
+        vit('softmax').load_state_dict(student.state_dict())
+
+
+def test_checkpoints_without_the_record_load_and_get_the_models_record():
+    """Official checkpoints (and mmlinvit's from before the record) have none."""
+    student = vit('elu')
+    old = {k: v for k, v in student.state_dict().items() if k != 'block_operators'}
+    model = vit('relu')
+    model.load_state_dict(old, strict=True)
+    assert decode_names(model.block_operators) == ['relu'] * 3
+    report = load_pretrained(vit('relu'), old)
+    assert 'block_operators' in report.initialised
+
+
+def test_mismatch_errors_are_value_errors():
+    assert issubclass(AttentionOperatorMismatchError, TrainingRecordMismatchError)
+    assert issubclass(TrainingRecordMismatchError, ValueError)
