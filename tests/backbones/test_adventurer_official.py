@@ -164,3 +164,15 @@ def test_paper_flips_give_other_features(golden, checkpoints, name):
     assert [i for i in range(depth) if paper.layers[i].flip] == list(range(1, depth, 2))
     err = max_error(forward(paper, name), golden['variants'][name]['outputs']['tokens'])
     assert err > 0.1, f'{name}: paper flips are only {err:.3g} from the official outputs'
+
+
+def test_released_weights_refuse_the_default_flips(golden, checkpoints):
+    """...which is why a public-code checkpoint into a model with other flips (the default
+    'paper') fails at load time instead of giving those features."""
+    from mmlinvit.backbones.adventurer import FlipScheduleMismatchError
+    name = NAMES[0]
+    arch = copy.deepcopy(golden['variants'][name]['mmlinvit_kwargs'])
+    model = Adventurer(**arch, with_mask_token=False, pretrained=checkpoints[name])
+    assert model.flip_schedule == 'paper'
+    with pytest.raises(FlipScheduleMismatchError, match="flip_schedule='official'"):
+        model.init_weights()
