@@ -49,6 +49,21 @@ def block_centre_mixing_cos(block_grid: Tuple[int, int]) -> torch.Tensor:
     return mat / mat.sum(dim=0, keepdim=True)
 
 
+def block_centre_mixing_linear(block_grid: Tuple[int, int]) -> torch.Tensor:
+    """The public MHLA code's ``transform='linear'`` init: ``1 - d_ab / max(d)``, columns sum to 1.
+
+    Args:
+        block_grid: (gh, gw) blocks per side.
+
+    Returns:
+        (gh * gw, gh * gw) float32 matrix (all ones on a 1 x 1 grid).
+    """
+    dist = _block_centre_distances(block_grid)
+    max_dist = float(dist.max())
+    mat = 1.0 - dist / max_dist if max_dist > 0 else torch.ones_like(dist)
+    return mat / mat.sum(dim=0, keepdim=True)
+
+
 def _block_centre_distances(block_grid: Tuple[int, int]) -> torch.Tensor:
     """Distances |c_a - c_b| between block centres (row + 0.5, col + 0.5), in block units."""
     gh, gw = block_grid

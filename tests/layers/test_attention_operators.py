@@ -5,8 +5,10 @@ in test_ttt.py.
 """
 import pytest
 import torch
+import torch.nn.functional as F
 
 from mmlinvit.backbones import LinearVisionTransformer, VisionTransformer
+from mmlinvit.converters import CheckpointMismatchError
 from mmlinvit.layers.attention import ATTENTION_OPERATORS, build_attention_operator
 from mmlinvit.ops.mhla import block_centre_mixing, patch_block_index
 from mmlinvit.ops.patch_grid import depthwise_conv2d, depthwise_conv2d_reference
@@ -23,6 +25,10 @@ OPERATOR_CFGS = {
     'inline_local': dict(type='inline', local_residual=True),
     'mhla': dict(type='mhla'),
     'mhla_per_head_2x3': dict(type='mhla', per_head_mixing=True, block_grid=(2, 3)),
+    # The public MHLA code's choices (all but its normaliser; tests/layers/
+    # test_operators_official.py checks them against the official module).
+    'mhla_public': dict(type='mhla', input_norm=True, qk_norm=True, mixing_init='linear',
+                        feature_eps=1e-6, eps_placement='sum'),
     'ttt': dict(type='ttt'),
     'ttt_no_conv': dict(type='ttt', conv_branch=False),
 }
@@ -205,6 +211,160 @@ def test_mhla_mixing_init_from_block_centre_distance():
     torch.testing.assert_close(m[0], expected)
     off_diagonal = m - torch.diag(m.diagonal())
     assert (m.diagonal() > off_diagonal.max(dim=-1).values).all()
+
+
+MHLA_PUBLIC_OPTIONS = {k: v for k, v in OPERATOR_CFGS['mhla_public'].items() if k != 'type'}
+
+
+def test_mhla_public_options_are_off_by_default():
+    """The seed paper's setting is unchanged: no extra norms or parameters, relu, eps on the
+    mean-scaled normaliser."""
+    op = build_attention_operator('mhla', C, HEADS)
+    assert op.input_norm is None and op.q_norm is None and op.k_norm is None
+    assert op.feature_eps == 0.0 and op.eps_placement == 'mean' and op.mixing_init == 'softmax'
+    assert sorted(k for k in op.state_dict() if not k.startswith(('qkv.', 'proj.'))) == [
+        'block_mixing', 'local_conv.bias', 'local_conv.weight']
+    public = build_attention_operator(OPERATOR_CFGS['mhla_public'], C, HEADS)
+    assert sorted(k for k in public.state_dict() if not k.startswith(('qkv.', 'proj.'))) == [
+        'block_mixing', 'input_norm.bias', 'input_norm.weight', 'k_norm.weight',
+        'local_conv.bias', 'local_conv.weight', 'q_norm.weight']
+    assert public.input_norm.eps == 1e-5 and public.q_norm.eps is None  # nn defaults
+
+
+@pytest.mark.parametrize('option,value,match', [
+    ('mixing_init', 'exp', r"available: \('softmax', 'cos', 'linear'\)"),
+    ('eps_placement', 'total', r"available: \('mean', 'sum'\)"),
+    ('feature_eps', -1e-6, 'feature_eps must be a finite number >= 0'),
+    ('feature_eps', float('nan'), 'feature_eps must be a finite number >= 0'),
+    ('input_norm', 'yes', 'input_norm must be True or False'),
+    ('qk_norm', 1, 'qk_norm must be True or False'),
+    ('feature_map', 'identity', r"valid: \('relu', 'elu'\)"),
+])
+def test_mhla_bad_options_fail_at_build_time(option, value, match):
+    with pytest.raises(ValueError, match=match):
+        build_attention_operator(dict(type='mhla', **{option: value}), C, HEADS)
+
+
+def test_mhla_public_options_compute_what_they_say():
+    """input_norm: LayerNorm before qkv; qk_norm: RMSNorm over all C channels of q and k before
+    the head split; feature_eps: phi + eps; eps_placement='sum': eps / N on the mean-scaled
+    normaliser (explicit map against the formulas)."""
+    op = build('mhla_public')
+    hw, n = (4, 5), 20
+    x = torch.randn(2, n, C)
+    with torch.no_grad():
+        q, k, v = op.split_qkv(x)
+        xn = F.layer_norm(x, (C, ), op.input_norm.weight, op.input_norm.bias, 1e-5)
+        q_ref, k_ref, v_ref = F.linear(xn, op.qkv.weight, op.qkv.bias).chunk(3, dim=-1)
+        q_ref = F.rms_norm(q_ref, (C, ), op.q_norm.weight)
+        k_ref = F.rms_norm(k_ref, (C, ), op.k_norm.weight)
+        for got, ref in ((q, q_ref), (k, k_ref), (v, v_ref)):
+            torch.testing.assert_close(got, ref.unflatten(-1, (HEADS, -1)).transpose(1, 2))
+        attn = op.attention_map(x, hw, 0)
+        phi_q, phi_k = F.relu(q) + 1e-6, F.relu(k) + 1e-6
+        weights = op.token_mixing_weights(n, hw, 0, x.device)
+        scores = weights * (phi_q @ phi_k.transpose(-2, -1))
+        expected = scores / (scores.sum(-1, keepdim=True) + op.eps)  # eps on the sum
+    torch.testing.assert_close(attn, expected, rtol=1e-5, atol=1e-7)
+
+
+def test_mhla_feature_eps_and_eps_placement_matter_for_dead_queries():
+    """A query with no positive ReLU feature reads 0 without ``feature_eps`` and an average of
+    V with it, and there the eps placement changes the result (N * eps vs eps on the sum)."""
+    hw = (4, 4)
+    shape = (1, HEADS, 16, C // HEADS)
+    q = torch.randn(shape)
+    q[:, :, 0] = -q[:, :, 0].abs() - 0.1  # query 0: dead in every head
+    k, v = torch.randn(shape), torch.randn(shape)
+
+    def mix(**options):
+        return build_attention_operator(dict(type='mhla', local_kernel_size=0, **options), C,
+                                        HEADS).mix(q, k, v, hw, 0)[:, :, 0]
+
+    assert mix().abs().max() == 0
+    with_eps = mix(feature_eps=1e-6, eps_placement='sum')
+    assert with_eps.abs().max() > 0.05
+    assert (mix(feature_eps=1e-6) - with_eps).abs().max() > 0.01
+    torch.testing.assert_close(mix(feature_eps=1e-6, eps=1e-6 / 16), with_eps)
+
+
+def test_mhla_linear_mixing_init():
+    """``'linear'``: 1 - d / max d, columns summing to 1 (the public code's
+    ``BlockDistanceConv(transform='linear')``); 1 x 1 grid: 1."""
+    m = build_attention_operator(dict(type='mhla', mixing_init='linear'), C, HEADS).block_mixing
+    d = torch.tensor([0.0, 1.0, 1.0, 2.0**0.5])
+    col = 1 - d / 2.0**0.5
+    torch.testing.assert_close(m.detach()[:, 0], col / col.sum())
+    torch.testing.assert_close(m.detach().sum(0), torch.ones(4))
+    one = build_attention_operator(dict(type='mhla', mixing_init='linear', block_grid=1), C,
+                                   HEADS)
+    assert torch.equal(one.block_mixing.detach(), torch.ones(1, 1))
+
+
+MHLA_VIT = dict(embed_dims=64, num_layers=2, num_heads=2, mlp_hidden_dims=128)
+MHLA_TOKENS = dict(with_cls_token=False, pos_embed_type='sincos', out_type='avg_featmap')
+
+
+def mhla_vit(attn_cfg, pretrained: str = None) -> VisionTransformer:
+    return VisionTransformer(MHLA_VIT, family='deit', img_size=32, patch_size=8,
+                             attn_cfg=attn_cfg, pretrained=pretrained, **MHLA_TOKENS)
+
+
+def test_mhla_public_options_in_vision_transformer_and_checkpoint_round_trip(tmp_path):
+    """``attn_cfg=dict(type='mhla', ...)`` with the public options trains, and a checkpoint of
+    it (norm parameters included) loads back with every key."""
+    cfg = OPERATOR_CFGS['mhla_public']
+    model = mhla_vit(cfg)
+    model.init_weights()
+    attn = model.blocks[1].attn
+    assert attn.input_norm is not None and attn.q_norm is not None and attn.feature_eps == 1e-6
+    assert torch.equal(attn.q_norm.weight, torch.ones(64))
+    out = model(torch.randn(2, 3, 32, 40))[0]
+    assert out.shape == (2, 64) and torch.isfinite(out).all()
+    out.square().mean().backward()
+    for name in ('input_norm.weight', 'input_norm.bias', 'q_norm.weight', 'k_norm.weight'):
+        assert attn.get_parameter(name).grad.abs().sum() > 0, name
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=gen))
+    path = str(tmp_path / 'mhla_public.pth')
+    torch.save(model.state_dict(), path)
+    loaded = mhla_vit(cfg, pretrained=path)
+    loaded.init_weights()
+    assert loaded.load_report.missing == [] and loaded.load_report.initialised == {}
+    for key, value in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[key], value), key
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(loaded.eval()(x)[0], model.eval()(x)[0])
+    # A plain MHLA checkpoint (operator parameters, but no norms) does not fit: an error.
+    torch.save(mhla_vit('mhla').state_dict(), str(tmp_path / 'mhla.pth'))
+    with pytest.raises(CheckpointMismatchError, match='input_norm'):
+        mhla_vit(cfg, pretrained=str(tmp_path / 'mhla.pth')).init_weights()
+
+
+def test_softmax_checkpoint_into_mhla_public_initialises_and_reports_the_norms(tmp_path):
+    teacher = VisionTransformer(MHLA_VIT, family='deit', img_size=32, patch_size=8, **MHLA_TOKENS)
+    path = str(tmp_path / 'softmax.pth')
+    torch.save(teacher.state_dict(), path)
+    student = mhla_vit(OPERATOR_CFGS['mhla_public'], pretrained=path)
+    with torch.no_grad():  # moved away from the init: the load must re-initialise nothing
+        for blk in student.blocks:
+            blk.attn.q_norm.weight.fill_(2.0)
+    student.init_weights()
+    report = student.load_report
+    extras = [f'blocks.{i}.attn.{name}' for i in range(2)
+              for name in ('block_mixing', 'input_norm.bias', 'input_norm.weight',
+                           'k_norm.weight', 'local_conv.bias', 'local_conv.weight',
+                           'q_norm.weight')]
+    assert sorted(report.initialised) == sorted(extras) == sorted(report.missing)
+    assert all('softmax counterpart' in reason for reason in report.initialised.values())
+    assert torch.equal(student.blocks[0].attn.q_norm.weight, torch.full((64, ), 2.0))
+    assert torch.equal(student.blocks[1].attn.qkv.weight, teacher.blocks[1].attn.qkv.weight)
+    fresh = mhla_vit(OPERATOR_CFGS['mhla_public'])  # the operator's init: unit norms
+    assert torch.equal(fresh.blocks[0].attn.input_norm.weight, torch.ones(64))
+    assert torch.equal(fresh.blocks[0].attn.input_norm.bias, torch.zeros(64))
 
 
 def test_depthwise_conv_matches_shift_reference():

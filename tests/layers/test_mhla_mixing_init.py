@@ -40,5 +40,5 @@ def test_default_mixing_init_is_unchanged_and_bad_names_fail():
     assert own.min() > 0.5  # softmax(-d): own block 0.505 on 2 x 2 blocks
     cos = build_attention_operator(dict(type='mhla', mixing_init='cos'), 32, 2)
     assert cos.block_mixing.detach().diagonal().max() < 0.3  # 0.2935
-    with pytest.raises(ValueError, match="available: \\('softmax', 'cos'\\)"):
-        build_attention_operator(dict(type='mhla', mixing_init='linear'), 32, 2)
+    with pytest.raises(ValueError, match="available: \\('softmax', 'cos', 'linear'\\)"):
+        build_attention_operator(dict(type='mhla', mixing_init='exp'), 32, 2)
