@@ -154,7 +154,8 @@ def _scan_chunk_block(
     # The causal mask is folded into the (smaller) scores below; the last row (decay to the
     # chunk end) has nothing above the diagonal.
     # (batch, k, G, R, Q, Q)
-    decay = _unmasked_decay(log_decay, inplace, nonpositive, workspace)
+    split = _split_cumsum(log_decay)  # its fp64 cumsum also gives the state passing below
+    decay = _unmasked_decay(log_decay, inplace, nonpositive, workspace, split)
 
     # Each chunk's own contribution to the state at its end (uses decay[..., Q - 1, j]).
     to_end = decay[..., -1, :].permute(0, 1, 4, 2, 3).unsqueeze(-1)  # (batch, k, Q, G, R, 1)
@@ -168,7 +169,7 @@ def _scan_chunk_block(
     del decay, weights
 
     # State passing between chunks, then each token reads the state entering its chunk.
-    cum = log_decay.to(torch.float64).cumsum(dim=-1)  # (batch, k, G, R, Q)
+    cum = split[0]  # fp64 cumsum of log_decay, (batch, k, G, R, Q)
     chunk_decay = cum[..., -1].exp().to(state.dtype)[..., None, None]  # (batch, k, G, R, 1, 1)
     entering = []
     for i in range(xdt.shape[1]):
