@@ -13,7 +13,7 @@ numerator over the sign-safe normaliser, i.e. the map
 local branch.
 """
 import math
-from typing import List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import torch
 
@@ -43,10 +43,7 @@ def block_centre_mixing_cos(block_grid: Tuple[int, int]) -> torch.Tensor:
     Returns:
         (gh * gw, gh * gw) float32 matrix (all ones on a 1 x 1 grid).
     """
-    dist = _block_centre_distances(block_grid)
-    max_dist = float(dist.max())
-    mat = torch.cos(dist / max_dist * math.pi / 4) if max_dist > 0 else torch.ones_like(dist)
-    return mat / mat.sum(dim=0, keepdim=True)
+    return _public_transform(block_grid, lambda rel: torch.cos(rel * math.pi / 4))
 
 
 def block_centre_mixing_linear(block_grid: Tuple[int, int]) -> torch.Tensor:
@@ -58,9 +55,16 @@ def block_centre_mixing_linear(block_grid: Tuple[int, int]) -> torch.Tensor:
     Returns:
         (gh * gw, gh * gw) float32 matrix (all ones on a 1 x 1 grid).
     """
+    return _public_transform(block_grid, lambda rel: 1.0 - rel)
+
+
+def _public_transform(block_grid: Tuple[int, int],
+                      transform: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """``transform(d_ab / max(d))`` with each column divided by its sum (public
+    ``BlockDistanceConv``); all ones on a 1 x 1 grid, where the public code divides by 0."""
     dist = _block_centre_distances(block_grid)
     max_dist = float(dist.max())
-    mat = 1.0 - dist / max_dist if max_dist > 0 else torch.ones_like(dist)
+    mat = transform(dist / max_dist) if max_dist > 0 else torch.ones_like(dist)
     return mat / mat.sum(dim=0, keepdim=True)
 
 

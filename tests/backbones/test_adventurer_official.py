@@ -15,8 +15,6 @@ golden values do not depend on any chunking and mmlinvit's chunked scan is check
 chunk sizes, with and without autograd (different code paths).
 """
 import copy
-import importlib.util
-import os.path as osp
 from typing import Dict
 
 import pytest
@@ -24,28 +22,19 @@ import torch
 import torch.nn.functional as F
 
 from mmlinvit.backbones.adventurer import Adventurer
+from official_golden import load_generator, load_golden
 
-FIXTURES = osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), 'fixtures')
-GOLDEN = osp.join(FIXTURES, 'adventurer_official_reference.pt')
 #: fp32; the measured errors are about 1e-6 (fp32 vs fp64 outputs differ by about 5e-6).
 TOL = 1e-5
 
 
-def _load_generator():
-    spec = importlib.util.spec_from_file_location(
-        'make_adventurer_reference', osp.join(FIXTURES, 'make_adventurer_reference.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-GEN = _load_generator()
+GEN = load_generator('make_adventurer_reference')
 NAMES = sorted(GEN.VARIANTS)
 
 
 @pytest.fixture(scope='module')
 def golden() -> dict:
-    return torch.load(GOLDEN, map_location='cpu', weights_only=True)
+    return load_golden('adventurer_official_reference.pt')
 
 
 @pytest.fixture(scope='module')

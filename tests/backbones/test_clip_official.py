@@ -15,7 +15,6 @@ every token), the class-token output (the official ``ln_post(x[:, 0])``), the pa
 map, the projected embedding (``proj`` set aside by ``keep_projection``), and the
 ViT-Linearizer teacher's input normalisation against the official ``clip.load`` preprocessing.
 """
-import importlib.util
 import os.path as osp
 from typing import Dict
 
@@ -27,11 +26,10 @@ from mmlinvit.backbones import VisionTransformer
 from mmlinvit.converters import convert_state_dict, load_pretrained
 from mmlinvit.distill import build_recorder
 from mmlinvit.layers.transformer import QuickGELU
+from official_golden import load_generator, load_golden
 
 TESTS = osp.dirname(osp.dirname(osp.abspath(__file__)))
 REPO = osp.dirname(TESTS)
-FIXTURES = osp.join(TESTS, 'fixtures')
-GOLDEN = osp.join(FIXTURES, 'clip_official_reference.pt')
 #: The ViT-Linearizer distillation configs with the OpenAI CLIP ViT-B/16 teacher.
 LINEARIZER_CONFIGS = (
     'linearizer/vit-linearizer_clip-b16_vit-b-elu_16xb64-300e_in1k-224x224.py',
@@ -40,20 +38,12 @@ LINEARIZER_CONFIGS = (
 TOL = 1e-5
 
 
-def _load_generator():
-    spec = importlib.util.spec_from_file_location(
-        'make_clip_reference', osp.join(FIXTURES, 'make_clip_reference.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-GEN = _load_generator()
+GEN = load_generator('make_clip_reference')
 
 
 @pytest.fixture(scope='module')
 def golden() -> dict:
-    return torch.load(GOLDEN, map_location='cpu', weights_only=True)
+    return load_golden('clip_official_reference.pt')
 
 
 @pytest.fixture(scope='module')

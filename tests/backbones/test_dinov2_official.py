@@ -9,34 +9,23 @@ mmlinvit's features are compared with the official ones at 518, 224, 280 x 420 a
 Only the architecture is passed to mmlinvit (widths, depth, registers, SwiGLU): everything
 else, the position-grid interpolation included, comes from the family defaults.
 """
-import importlib.util
-import os.path as osp
 from typing import Dict, Tuple
 
 import pytest
 import torch
 
 from mmlinvit.backbones import VisionTransformer
+from official_golden import load_generator, load_golden
 
-FIXTURES = osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), 'fixtures')
-GOLDEN = osp.join(FIXTURES, 'dinov2_official_reference.pt')
 TOL = 1e-5
 
 
-def _load_generator():
-    spec = importlib.util.spec_from_file_location(
-        'make_dinov2_reference', osp.join(FIXTURES, 'make_dinov2_reference.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-GEN = _load_generator()
+GEN = load_generator('make_dinov2_reference')
 
 
 @pytest.fixture(scope='module')
 def golden() -> dict:
-    return torch.load(GOLDEN, map_location='cpu', weights_only=True)
+    return load_golden('dinov2_official_reference.pt')
 
 
 @pytest.fixture(scope='module')

@@ -1,14 +1,16 @@
-"""Training records: the attention operators a ViT checkpoint was trained with travel with it.
+"""Training records: what a checkpoint's weights were trained with travels with them.
 
 ELU+1, ReLU and softmax attention own the same ``qkv`` / ``proj``, so without the record an
 ELU student's weights load without complaint into a softmax model (or a ReLU one) that then
-computes features the weights were not trained for.  (The Adventurer's flip record is tested
-in ``tests/converters/test_adventurer_layout.py``.)
+computes features the weights were not trained for; likewise an Adventurer's weights into a
+model that reverses the patch scan in other blocks.  (Public-code Adventurer checkpoints, which
+have no record, are tested in ``tests/converters/test_adventurer_layout.py``.)
 """
 import pytest
 import torch
 
-from mmlinvit.backbones import LinearVisionTransformer, VisionTransformer
+from mmlinvit.backbones import Adventurer, LinearVisionTransformer, VisionTransformer
+from mmlinvit.backbones.adventurer import FlipScheduleMismatchError
 from mmlinvit.backbones.training_record import (NAME_BYTES, TrainingRecordMismatchError,
                                                 decode_names, describe_blocks, encode_names)
 from mmlinvit.backbones.vit import AttentionOperatorMismatchError
@@ -19,6 +21,13 @@ ARCH = dict(embed_dims=32, num_layers=3, num_heads=2, mlp_hidden_dims=64)
 
 def vit(attn_cfg='softmax', **kwargs) -> VisionTransformer:
     return VisionTransformer(arch=ARCH, img_size=32, patch_size=16, attn_cfg=attn_cfg, **kwargs)
+
+
+def adventurer(flip_schedule, **kwargs) -> Adventurer:
+    """Two blocks: 'paper' flips block 1, 'official' and 'none' none."""
+    return Adventurer(arch=dict(embed_dims=32, num_layers=2), img_size=64, patch_size=16,
+                      flip_schedule=flip_schedule,
+                      mixer_cfg=dict(d_state=8, headdim=16, chunk_size=16), **kwargs)
 
 
 def load(model, path, via):
@@ -97,3 +106,33 @@ def test_checkpoints_without_the_record_load_and_get_the_models_record():
 def test_mismatch_errors_are_value_errors():
     assert issubclass(AttentionOperatorMismatchError, TrainingRecordMismatchError)
     assert issubclass(TrainingRecordMismatchError, ValueError)
+
+
+@pytest.mark.parametrize('via', ['load_pretrained', 'load_state_dict', 'mmengine'])
+def test_recorded_flips_must_match(tmp_path, via):
+    """mmlinvit checkpoints carry flipped_blocks; a model with other flips refuses them on
+    every loading path (before any tensor is copied), and accepts its own."""
+    trained = adventurer(with_mask_token=False, flip_schedule='paper')
+    assert trained.flipped_blocks.tolist() == [False, True]
+    path = str(tmp_path / 'student_backbone.pth')
+    torch.save(trained.state_dict(), path)
+    other = adventurer(with_mask_token=False, flip_schedule='none')
+    before = {k: v.clone() for k, v in other.state_dict().items()}
+
+    with pytest.raises(FlipScheduleMismatchError,
+                       match=r"(?s)blocks \[1\] \(flip_schedule='paper'\).*reverses blocks "
+                             r"\[\] \(flip_schedule='none'\).*flip_schedule=\[1\]"):
+        load(other, path, via)
+    assert all(torch.equal(v, before[k]) for k, v in other.state_dict().items())
+    same = adventurer(with_mask_token=False, flip_schedule=[1])
+    load(same, path, via)
+    assert all(torch.equal(v, trained.state_dict()[k]) for k, v in same.state_dict().items())
+
+
+def test_checkpoints_without_the_record_still_load_strictly():
+    """Files from before the record: the model's own flips are used, strict loads pass."""
+    trained = adventurer(with_mask_token=False, flip_schedule='paper')
+    old = {k: v for k, v in trained.state_dict().items() if k != 'flipped_blocks'}
+    model = adventurer(with_mask_token=False, flip_schedule='none')
+    model.load_state_dict(old, strict=True)
+    assert model.flipped_blocks.tolist() == [False, False]

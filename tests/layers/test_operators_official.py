@@ -30,8 +30,6 @@ is needed.
 Errors are max abs errors relative to the reference's largest magnitude where that exceeds 1
 (gradients summed over hundreds of tokens reach about 100).
 """
-import importlib.util
-import os.path as osp
 from typing import Dict
 
 import pytest
@@ -40,27 +38,18 @@ import torch.nn.functional as F
 
 from mmlinvit.layers import TransformerBlock
 from mmlinvit.layers.attention import build_attention_operator
+from official_golden import load_generator, load_golden
 
-FIXTURES = osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), 'fixtures')
-GOLDEN = osp.join(FIXTURES, 'operator_official_reference.pt')
 TOL = 1e-5
 
 
-def _load_generator():
-    spec = importlib.util.spec_from_file_location(
-        'make_operator_references', osp.join(FIXTURES, 'make_operator_references.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-GEN = _load_generator()
+GEN = load_generator('make_operator_references')
 C, HEADS, D = GEN.EMBED_DIMS, GEN.NUM_HEADS, GEN.HEAD_DIMS
 
 
 @pytest.fixture(scope='module')
 def golden() -> dict:
-    return torch.load(GOLDEN, map_location='cpu', weights_only=True)
+    return load_golden('operator_official_reference.pt')
 
 
 @pytest.fixture(autouse=True)
