@@ -175,3 +175,13 @@ def test_stage2_exports_the_student_and_its_checkpoint_keys_strip(assets, stage2
     assert report.loaded == len(exported)
     for key, value in backbone.state_dict().items():
         assert torch.equal(value, exported[key]), key
+    # the exported ELU student says so; a softmax ViT refuses it instead of computing softmax
+    # attention with ELU-trained weights
+    from mmlinvit.backbones import VisionTransformer
+    from mmlinvit.backbones.training_record import decode_names
+    from mmlinvit.backbones.vit import AttentionOperatorMismatchError
+    assert set(decode_names(exported['block_operators'])) == {'elu'}
+    softmax = VisionTransformer(arch=tiny_arch(), family='dinov2', patch_size=4, img_size=16,
+                                pretrained=osp.join(stage2_dir, 'student_backbone.pth'))
+    with pytest.raises(AttentionOperatorMismatchError, match="attn_cfg='elu'"):
+        softmax.init_weights()

@@ -126,6 +126,12 @@ def test_export_tool_and_distillation_checkpoints_load_into_adventurer(distilled
     assert 'connectors' in report.summary()
     for key, value in model.state_dict().items():
         assert torch.equal(value, exported[key]), key
+    # the exported student records the flips it was distilled with ('paper', the config's);
+    # a model built with other flips refuses it
+    from mmlinvit.backbones.adventurer import FlipScheduleMismatchError
+    assert exported['flipped_blocks'].tolist() == [i % 2 == 1 for i in range(len(model.layers))]
+    with pytest.raises(FlipScheduleMismatchError, match="flip_schedule='paper'"):
+        adventurer(distilled['exported'], flip_schedule='official').init_weights()
 
 
 def test_finetune_config_starts_from_the_distilled_student(distilled, tmp_path):
