@@ -140,10 +140,15 @@ class HedgehogLinearAttention(AttentionOperator):
     have separate maps (``feature_q``, ``feature_k``, each (H, head_dims, feature_dims)) unless
     ``share_feature_map=True`` (then only ``feature_q`` exists).
 
-    Default init (:meth:`init_extra_parameters`): identity-like, ``W[h] = eye(head_dims,
-    feature_dims)`` (rectangular identity, no bias), so at init phi(x) = [softmax(x'),
-    softmax(-x')] where x' is x zero-padded / truncated to ``feature_dims`` entries; attention
-    distillation then trains W from a deterministic, rank-preserving start.
+    Init (:meth:`init_extra_parameters`), ``feature_init``:
+
+    * ``'identity'`` (default): ``W[h] = eye(head_dims, feature_dims)`` (rectangular identity,
+      no bias), so at init phi(x) = [softmax(x'), softmax(-x')] where x' is x zero-padded /
+      truncated to ``feature_dims`` entries; attention distillation then trains W from a
+      deterministic, rank-preserving start.  This is LoLCATS' ``zero_init=True`` option.
+    * ``'kaiming_uniform'``: ``nn.init.kaiming_uniform_`` on each (H, head_dims, feature_dims)
+      weight (|W| <= sqrt(6 / (head_dims * feature_dims))), what LoLCATS' released configs
+      use (``zero_init: false``).
 
     Args:
         embed_dims: Token width C.
@@ -152,8 +157,13 @@ class HedgehogLinearAttention(AttentionOperator):
         share_feature_map: Use one map for queries and keys.
         eps: Normaliser epsilon.
         backend: Kernel backend (see :class:`KernelLinearAttention`).
+        feature_init: ``'identity'`` (default) or ``'kaiming_uniform'`` (LoLCATS' released
+            configs); see above.
         **kwargs: Base :class:`AttentionOperator` options.
     """
+
+    #: Feature-map weight inits (see the class docstring).
+    FEATURE_INITS = ('identity', 'kaiming_uniform')
 
     def __init__(self,
                  embed_dims: int,
@@ -162,11 +172,16 @@ class HedgehogLinearAttention(AttentionOperator):
                  share_feature_map: bool = False,
                  eps: float = 1e-6,
                  backend: Optional[str] = None,
+                 feature_init: str = 'identity',
                  **kwargs) -> None:
         super().__init__(embed_dims, num_heads, **kwargs)
         self.backend = check_kernel_backend('hedgehog', backend)
         if feature_dims < 1:
             raise ValueError(f'feature_dims must be >= 1, got {feature_dims}')
+        if feature_init not in self.FEATURE_INITS:
+            raise ValueError(f'Unknown Hedgehog feature_init {feature_init!r}; available: '
+                             f'{self.FEATURE_INITS}')
+        self.feature_init = feature_init
         self.feature_dims = feature_dims
         self.share_feature_map = share_feature_map
         self.eps = eps
@@ -176,11 +191,15 @@ class HedgehogLinearAttention(AttentionOperator):
         self.init_extra_parameters()
 
     def init_extra_parameters(self) -> None:
-        """Identity-like init of the feature-map projections (see the class docstring)."""
+        """Init of the feature-map projections, ``feature_init`` (see the class docstring)."""
         eye = torch.eye(self.head_dims, self.feature_dims)
         with torch.no_grad():
             for p in (self.feature_q, self.feature_k):
-                if p is not None:
+                if p is None:
+                    continue
+                if self.feature_init == 'kaiming_uniform':
+                    nn.init.kaiming_uniform_(p)
+                else:
                     p.copy_(eye.expand_as(p))
 
     def feature_maps(self, q: torch.Tensor,
