@@ -25,5 +25,6 @@ param_scheduler = [
 train_cfg = dict(by_epoch=True, max_epochs=max_epochs, val_interval=10)
 val_cfg = dict()
 test_cfg = dict()
-# lr 2e-3 is for 4096 images per step; --auto-scale-lr rescales it to the real batch.
+# lr 2e-3 is for 4096 images per step; `--cfg-options auto_scale_lr.enable=True` rescales it to
+# the real batch (off by default: the rate is NOT rescaled on fewer GPUs).
 auto_scale_lr = dict(base_batch_size=4096)
