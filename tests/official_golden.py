@@ -28,3 +28,10 @@ def load_generator(name: str) -> ModuleType:
 def load_golden(filename: str) -> dict:
     """Reads ``tests/fixtures/<filename>`` safely (tensors and plain containers only)."""
     return torch.load(osp.join(FIXTURES, filename), map_location='cpu', weights_only=True)
+
+
+def max_error(got: torch.Tensor, expected: torch.Tensor) -> float:
+    """Max abs error, relative to the reference's largest magnitude when that exceeds 1."""
+    assert got.shape == expected.shape, (got.shape, expected.shape)
+    scale = max(1.0, expected.abs().max().item())
+    return (got.detach().float() - expected.float()).abs().max().item() / scale

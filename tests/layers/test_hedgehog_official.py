@@ -42,7 +42,7 @@ import pytest
 import torch
 
 from mmlinvit.layers.attention import build_attention_operator
-from official_golden import load_generator, load_golden
+from official_golden import load_generator, load_golden, max_error
 
 TOL = 1e-5
 
@@ -59,13 +59,6 @@ def golden() -> dict:
 @pytest.fixture(autouse=True)
 def _one_thread(one_thread):
     """Tiny tensors: one intra-op thread is fastest on the shared cores."""
-
-
-def max_error(got: torch.Tensor, expected: torch.Tensor) -> float:
-    """Max abs error, relative to the reference's largest magnitude when that exceeds 1."""
-    assert got.shape == expected.shape, (got.shape, expected.shape)
-    scale = max(1.0, expected.abs().max().item())
-    return (got.detach().float() - expected.float()).abs().max().item() / scale
 
 
 def map_official(official: Dict[str, torch.Tensor], tied: bool) -> Dict[str, torch.Tensor]:

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 
 from mmlinvit.layers import TransformerBlock
 from mmlinvit.layers.attention import build_attention_operator
-from official_golden import load_generator, load_golden
+from official_golden import load_generator, load_golden, max_error
 
 TOL = 1e-5
 
@@ -55,13 +55,6 @@ def golden() -> dict:
 @pytest.fixture(autouse=True)
 def _one_thread(one_thread):
     """Tiny tensors: one intra-op thread is fastest on the shared cores."""
-
-
-def max_error(got: torch.Tensor, expected: torch.Tensor) -> float:
-    """Max abs error, relative to the reference's largest magnitude when that exceeds 1."""
-    assert got.shape == expected.shape, (got.shape, expected.shape)
-    scale = max(1.0, expected.abs().max().item())
-    return (got.detach().float() - expected.float()).abs().max().item() / scale
 
 
 def load_exact(module: torch.nn.Module, state_dict: Dict[str, torch.Tensor]) -> None:
