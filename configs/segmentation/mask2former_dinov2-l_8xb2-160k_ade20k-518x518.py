@@ -41,6 +41,9 @@ model = dict(
         out_indices=[7, 11, 15, 23],
         norm_all_outputs=True,
         drop_path_rate=0.3,
+        # No DINOv2 mask token (only masked pre-training uses it; a trainable parameter
+        # without gradient stops DDP runs): the checkpoint's token is dropped on load.
+        with_mask_token=False,
         pretrained=teacher_checkpoint),
     neck=dict(embed_dim=embed_dims),
     decode_head=dict(

@@ -37,6 +37,10 @@ model = dict(
             loss=dict(type='mmlinvit.AttentionOutputMSELoss', loss_weight=50.0),
             inputs=dict(student_outputs='student.attn_out', teacher_outputs='teacher.attn_out'))),
     # Build-time dry run of teacher, student and loss at a small size (any size works).
-    check_input_size=(64, 64))
+    check_input_size=(64, 64),
+    # None: the student's preprocessor (model.student.data_preprocessor) prepares each batch
+    # for teacher and student, so crop / pad changes go there (mmengine would otherwise fill
+    # this key from the top-level data_preprocessor, and a differing student one is refused).
+    data_preprocessor=None)
 # Layer-wise decay over the student's backbone inside the distillation model.
 optim_wrapper = dict(paramwise_cfg=dict(backbone='student.backbone'))

@@ -420,14 +420,6 @@ class Adventurer(TokenBackbone):
                 and 'head.weight' in report.dropped
                 and 'flipped_blocks' in report.initialised)
 
-    def surplus_checkpoint_keys(self) -> Dict[str, str]:
-        """A checkpoint ``mask_token`` is dropped when this model has none (built with
-        ``with_mask_token=False``): the token is only used by masked distillation."""
-        if self.mask_token is not None:
-            return {}
-        return {'mask_token': 'mask token of masked distillation (this model has '
-                              'with_mask_token=False)'}
-
     def _load_other_grid(self, pos: torch.Tensor) -> torch.Tensor:
         """A direct ``load_state_dict`` adopts the checkpoint's (square) position grid, which
         forward then resamples per input (:meth:`init_weights` resamples it to the model grid

@@ -96,10 +96,17 @@ class TokenBackbone(nn.Module):
     def surplus_checkpoint_keys(self) -> Dict[str, str]:
         """Checkpoint keys this model drops instead of reporting them as unexpected.
 
+        A checkpoint's ``mask_token`` is dropped when this model has none (built with
+        ``with_mask_token=False``): only masked training uses it, and a trainable parameter
+        that gets no gradient stops DDP runs (``find_unused_parameters=False``).
+
         Returns:
-            Key -> why it is dropped (none by default).
+            Key -> why it is dropped.
         """
-        return {}
+        if getattr(self, 'mask_token', None) is not None:
+            return {}
+        return {'mask_token': 'mask token of masked training (this model has '
+                              'with_mask_token=False)'}
 
     # ------------------------------------------------------------------ freezing
     def _freeze_stages(self) -> None:

@@ -166,3 +166,22 @@ def test_dinov2_checkpoint_without_mask_token_loads_and_says_so(tmp_path, caplog
     del state['reg_token']
     with pytest.raises(CheckpointMismatchError, match=r'missing keys \(1\): reg_token'):
         load_pretrained(model, state)
+
+
+def test_dinov2_mask_token_is_dropped_by_a_model_without_one(tmp_path):
+    """Fine-tuning configs build DINOv2 without the mask token (no gradient would reach it):
+    the official checkpoint's token is dropped, listed as such, and nothing else changes."""
+    source = VisionTransformer(ARCH, family='dinov2', img_size=56, num_reg_tokens=4,
+                               out_type='raw')
+    randomise_(source, seed=5)
+    assert 'mask_token' in source.state_dict()
+    path = save(source.state_dict(), tmp_path / 'dinov2_vits14_reg4.pth')
+    model = VisionTransformer(ARCH, family='dinov2', img_size=56, num_reg_tokens=4,
+                              with_mask_token=False, pretrained=path, out_type='raw')
+    model.init_weights()
+    assert 'mask_token' not in model.state_dict()
+    assert list(model.load_report.dropped) == ['mask_token']
+    assert model.load_report.unexpected == [] and model.load_report.missing == []
+    x = torch.randn(1, 3, 56, 70)
+    with torch.no_grad():
+        assert torch.equal(model.eval()(x)[0], source.eval()(x)[0])

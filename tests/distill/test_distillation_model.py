@@ -3,6 +3,7 @@ import copy
 import fnmatch
 import os.path as osp
 
+import numpy as np
 import pytest
 import torch
 from mmengine.config import Config
@@ -319,3 +320,60 @@ def test_task_model_student_adds_task_loss_and_predicts():
     assert len(preds) == 2 and preds[0].pred_score.shape == (3, )
     keys = model.state_dict()
     assert 'student.backbone.blocks.0.attn.qkv.weight' in keys and 'student.head.fc.weight' in keys
+
+
+# ---------------------------------------------------------------- student preprocessing
+def classifier_student(**kwargs):
+    cfg = dict(type='ImageClassifier', backbone=vit('elu', out_type='cls_token'),
+               head=dict(type='LinearClsHead', num_classes=3, in_channels=16))
+    cfg.update(kwargs)
+    return cfg
+
+
+MIXUP = dict(augments=[dict(type='Mixup', alpha=0.8)])
+
+
+def task_distill_model(student, data_preprocessor):
+    cfg = attn_out_model(student=student, data_preprocessor=data_preprocessor)
+    cfg['student_recorders']['attn_out']['source'] = 'backbone.blocks.{i}.attn'
+    return cfg
+
+
+def test_student_batch_augments_are_refused_not_dropped():
+    # mmengine's Runner puts the top-level data_preprocessor into model.data_preprocessor:
+    # the student's train_cfg Mixup would never run.
+    cfg = task_distill_model(classifier_student(train_cfg=MIXUP),
+                             dict(type='ClsDataPreprocessor', num_classes=3))
+    with pytest.raises(DistillationConfigError, match=r'(?s)train_cfg.*Mixup.*batch_augments'):
+        MODELS.build(cfg)
+
+
+def test_student_data_preprocessor_that_differs_is_refused():
+    student = classifier_student(
+        data_preprocessor=dict(type='ClsDataPreprocessor', mean=[1., 2., 3.], std=[4., 5., 6.]))
+    cfg = task_distill_model(student, dict(type='mmpretrain.ClsDataPreprocessor'))
+    with pytest.raises(DistillationConfigError, match=r'data_preprocessor\.mean'):
+        MODELS.build(cfg)
+    # The same settings in both places (mmseg configs) are fine.
+    cfg = task_distill_model(copy.deepcopy(student),
+                             dict(type='ClsDataPreprocessor', mean=[1., 2., 3.],
+                                  std=[4., 5., 6.]))
+    MODELS.build(cfg)
+
+
+def test_batch_augments_of_the_model_preprocessor_run_for_the_student():
+    from mmpretrain.structures import DataSample
+    cfg = task_distill_model(
+        classifier_student(),
+        dict(type='ClsDataPreprocessor', num_classes=3, batch_augments=MIXUP))
+    model = MODELS.build(cfg)
+    samples = [DataSample().set_gt_label(i % 3) for i in range(6)]
+    torch.manual_seed(0)  # Mixup's permutation
+    np.random.seed(0)  # Mixup's lambda
+    data = model.data_preprocessor(
+        dict(inputs=[torch.rand(3, IMG_SIZE, IMG_SIZE) * 255 for _ in range(6)],
+             data_samples=samples), training=True)
+    # Mixup replaced the hard labels by mixed scores, so the student's loss sees them.
+    assert all(s.gt_score.shape == (3, ) for s in data['data_samples'])
+    assert any(0 < s.gt_score.max() < 1 for s in data['data_samples'])
+    assert torch.isfinite(model.loss(**data)['student.loss'])

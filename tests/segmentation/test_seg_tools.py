@@ -7,6 +7,7 @@ import os.path as osp
 import re
 import socket
 import sys
+import time
 
 import pytest
 import torch
@@ -49,6 +50,14 @@ def _latest_log(work_dir: str) -> str:
     logs = sorted(glob.glob(osp.join(work_dir, '*', '*.log')), key=osp.getmtime)
     with open(logs[-1]) as f:
         return f.read()
+
+
+def _next_second() -> None:
+    """Waits for the clock's next second: mmengine names a run's log directory by its start
+    time in seconds, and two runs started in the same second share one log file."""
+    start = int(time.time())
+    while int(time.time()) == start:
+        time.sleep(0.05)
 
 
 def test_missing_data_root_and_checkpoint_stop_before_training(tmp_path):
@@ -112,6 +121,7 @@ def test_interrupted_run_resumes(tmp_path, ade_root):
     assert osp.isfile(osp.join(work_dir, 'iter_2.pth'))
     assert not osp.isfile(osp.join(work_dir, 'iter_3.pth'))
 
+    _next_second()
     train.main([cfg_file, '--work-dir', work_dir, '--resume', '--cfg-options', 'custom_hooks=[]'])
     log = _latest_log(work_dir)
     assert 'resumed' in log.lower()

@@ -27,6 +27,10 @@ adala_backbone = dict(
     arch='l',
     family='dinov2',
     attn_cfg='elu',
+    # The DINOv2 mask token is only used by masked pre-training: without it every trainable
+    # parameter gets a gradient (DDP's find_unused_parameters=False), and a checkpoint's
+    # token is dropped on load (listed in the load report).
+    with_mask_token=False,
     pretrained=adala_stage2_checkpoint)
 # For segmentation decoders: 518 x 518 crops (37 x 37 patches of 14 px, DINOv2's native
 # grid), four normalised NCHW outputs of blocks 8, 12, 16 and 24 (stride 14).

@@ -11,6 +11,10 @@ model = dict(
         img_size=512,
         attn_cfg='elu',
         out_type='raw',
+        # The student trains without masking (Stage 2 trains all of it): no DINOv2 mask
+        # token, which would get no gradient and stop DDP (find_unused_parameters=False); the
+        # checkpoint's token is dropped on load.  The frozen teacher keeps it.
+        with_mask_token=False,
         pretrained=dinov2_checkpoint),
     teacher=dict(
         type='mmlinvit.VisionTransformer',

@@ -47,6 +47,7 @@ from mmlinvit.transfer import build_transfer_strategy, transfer_weights
 from .errors import DistillationConfigError
 from .input_specs import InputSpec, token_layout
 from .recorders import attach_recorders, recording
+from .student_preprocessing import check_student_preprocessing
 from .teacher import build_frozen_teacher
 from .teacher_input_norm import TeacherInputNorm
 from .terms import (build_term, check_connectors_used, check_finite_losses, check_spec,
@@ -119,7 +120,11 @@ class DistillationModel(BaseModel):
             preprocessor that does not normalise is refused at build time.  ``None``: the
             teacher sees the student's batch.
         data_preprocessor: Data preprocessor config; ``None`` reuses the student's when it
-            is a task model.
+            is a task model.  It preprocesses every batch, for teacher and student: a
+            student ``data_preprocessor`` or ``train_cfg`` batch augments that differ from it
+            are refused at build time
+            (:func:`.student_preprocessing.check_student_preprocessing`), since they would
+            never run.
         init_cfg: mmengine init config.
     """
 
@@ -143,6 +148,7 @@ class DistillationModel(BaseModel):
                  teacher_input_norm: Optional[dict] = None,
                  data_preprocessor: Optional[Union[dict, nn.Module]] = None,
                  init_cfg: Optional[dict] = None) -> None:
+        check_student_preprocessing(student, data_preprocessor)
         super().__init__(data_preprocessor=data_preprocessor, init_cfg=init_cfg)
         self.student = MODELS.build(student)
         self.student_is_task_model = isinstance(self.student, BaseModel)

@@ -1,0 +1,104 @@
+"""Build-time check that a task-model student's own preprocessing is not silently dropped.
+
+A :class:`~mmlinvit.models.distill.DistillationModel` preprocesses each batch once, with its
+own ``data_preprocessor``, and hands the result to both teacher and student; the student's
+``data_preprocessor`` (and an mmpretrain ``ImageClassifier``'s ``train_cfg.augments``, which
+it turns into the preprocessor's ``batch_augments``) never runs.  mmengine's Runner fills
+``model.data_preprocessor`` from a config's top-level ``data_preprocessor``, so a config that
+sets Mixup / CutMix or other statistics on the student, as mmpretrain configs do on a plain
+classifier, would train without them.  :func:`check_student_preprocessing` refuses that.
+"""
+from typing import Any, List, Optional, Union
+
+import torch.nn as nn
+
+from .errors import DistillationConfigError
+
+
+def _plain(cfg: Any) -> Any:
+    """A config value as plain dicts / lists (mmengine ``ConfigDict`` -> ``dict``)."""
+    if hasattr(cfg, 'to_dict'):
+        cfg = cfg.to_dict()
+    if isinstance(cfg, dict):
+        return {key: _plain(value) for key, value in cfg.items()}
+    if isinstance(cfg, (list, tuple)):
+        return [_plain(value) for value in cfg]
+    return cfg
+
+
+def _type_name(cfg: dict) -> Optional[str]:
+    """The registered name of a config's ``type`` without its scope (``mmpretrain.X`` -> X)."""
+    type_ = cfg.get('type')
+    if isinstance(type_, str):
+        return type_.rsplit('.', 1)[-1]
+    return None if type_ is None else getattr(type_, '__name__', repr(type_))
+
+
+def _differences(student: dict, model: dict) -> List[str]:
+    """``'key: student value != model value'`` for each setting the two configs disagree on.
+
+    ``type`` is compared without its scope, and only when both configs name one.
+    """
+    found = []
+    student_type, model_type = _type_name(student), _type_name(model)
+    if student_type and model_type and student_type != model_type:
+        found.append(f'type: {student_type} != {model_type}')
+    for key in sorted((set(student) | set(model)) - {'type'}):
+        if student.get(key) != model.get(key):
+            found.append(f'{key}: {student.get(key)!r} != {model.get(key)!r}')
+    return found
+
+
+def check_student_preprocessing(student_cfg: Any,
+                                data_preprocessor: Optional[Union[dict, nn.Module]]) -> None:
+    """Refuses student preprocessing settings that the distillation model would not use.
+
+    Args:
+        student_cfg: Config of the student (a task model or a bare backbone).
+        data_preprocessor: The distillation model's ``data_preprocessor`` argument (``None``:
+            the student's own preprocessor is used, so nothing is dropped).
+
+    Raises:
+        DistillationConfigError: when ``data_preprocessor`` is set and the student config
+            sets a different ``data_preprocessor`` or sets ``train_cfg`` batch augments
+            (Mixup, CutMix) that ``data_preprocessor`` does not have.  The message names the
+            differing settings and where to put them.
+    """
+    if data_preprocessor is None or not isinstance(_plain(student_cfg), dict):
+        return
+    student = _plain(student_cfg)
+    own = student.get('data_preprocessor')
+    train_augments = (student.get('train_cfg')
+                      if isinstance(student.get('train_cfg'), dict) and
+                      'augments' in student['train_cfg'] else None)
+    if own is None and train_augments is None:
+        return
+    where = ('model.data_preprocessor (mmengine fills it from the top-level data_preprocessor '
+             'of the config)')
+    if isinstance(data_preprocessor, nn.Module):
+        raise DistillationConfigError(
+            f'the student config sets its own preprocessing ('
+            f'{"data_preprocessor" if own is not None else "train_cfg.augments"}), but '
+            f'DistillationModel preprocesses every batch once, for teacher and student, with '
+            f'the {type(data_preprocessor).__name__} module it was given, so the student\'s '
+            f'would never run. Remove it from model.student and configure that module instead.')
+    model = _plain(data_preprocessor)
+    problems = []
+    if own is not None:
+        problems += [f'  data_preprocessor.{diff}' for diff in _differences(own, model)]
+    # mmpretrain's ImageClassifier turns train_cfg into batch_augments unless its own
+    # data_preprocessor already names some.
+    if train_augments is not None and (own is None or own.get('batch_augments') is None):
+        if train_augments != model.get('batch_augments'):
+            problems.append(f'  train_cfg (batch augments): {train_augments!r} != '
+                            f'data_preprocessor.batch_augments {model.get("batch_augments")!r}')
+    if not problems:
+        return
+    raise DistillationConfigError(
+        'the student config sets preprocessing that DistillationModel would silently drop: '
+        f'every batch is preprocessed once, for teacher and student, by {where}, never by the '
+        'student\'s own data_preprocessor, and a student train_cfg with augments (Mixup / '
+        'CutMix) is never applied. Student vs model settings:\n' + '\n'.join(problems) +
+        '\nPut them in the model\'s data_preprocessor, e.g. data_preprocessor=dict(..., '
+        "batch_augments=dict(augments=[dict(type='Mixup', alpha=0.8), dict(type='CutMix', "
+        "alpha=1.0)])), and remove them from model.student (or make both the same).")
