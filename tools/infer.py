@@ -16,7 +16,8 @@ The config's ``default_scope`` picks the task:
 * classification (``mmpretrain``, :class:`mmpretrain.apis.ImageClassificationInferencer`):
   ``DIR/pred/<stem>.json`` with the top-k classes and scores, ``DIR/topk.json`` (all images)
   and ``DIR/topk.txt`` (one line per image), plus ``DIR/vis/<stem>.png`` with the prediction
-  drawn on the image.
+  drawn on the image.  Configs whose test pipeline takes arrays from the dataset (CIFAR) get
+  ``to_rgb=True``, since files are read as BGR (:func:`read_files_as_rgb`).
 
 A directory argument contributes its image files (``--recursive`` descends into
 sub-folders).  A progress bar counts images.  Checkpoints of ``mmlinvit.DistillationModel``
@@ -46,6 +47,7 @@ from mmengine.utils import ProgressBar
 from PIL import Image
 
 from mmlinvit.config_scopes import register_config_scopes
+from mmlinvit.engine.checkpoint_coverage import CheckpointCoverageError, check_checkpoint_covers
 from mmlinvit.engine.launch import load_config, world_of
 from mmlinvit.engine.preflight import clear_checkpoints
 
@@ -170,6 +172,37 @@ def inference_config(cfg: Config, checkpoint: str, tmp_dir: str) -> Tuple[Config
     return cfg, checkpoint
 
 
+def read_files_as_rgb(cfg: Config) -> Optional[str]:
+    """Makes a classification config whose dataset yields arrays see image files as RGB.
+
+    mmpretrain's inferencer reads files with ``mmcv.imread`` (BGR, as ``LoadImageFromFile``)
+    and drops ``LoadImageFromFile`` from the test pipeline.  A test pipeline without that
+    transform gets its images from the dataset as arrays, which mmpretrain's array datasets
+    (CIFAR-10 / 100) give in RGB, so such configs set ``to_rgb=False``: with files that would
+    hand the model channel-swapped images without any error.  Here ``to_rgb`` becomes True,
+    so the model sees RGB as it did in training.
+
+    Args:
+        cfg: The inference config (changed in place).
+
+    Returns:
+        A note saying what changed, or ``None`` when the test pipeline loads files itself.
+    """
+    pipeline = cfg.get('test_dataloader', {}).get('dataset', {}).get('pipeline', [])
+    if any(str(t.get('type', '')).split('.')[-1] == 'LoadImageFromFile' for t in pipeline):
+        return None
+    changed = []
+    for name, pre in (('data_preprocessor', cfg.get('data_preprocessor')),
+                      ('model.data_preprocessor', cfg.model.get('data_preprocessor'))):
+        if isinstance(pre, dict) and not pre.get('to_rgb', False):
+            pre['to_rgb'] = True
+            changed.append(name)
+    if not changed:
+        return None
+    return (f'the test pipeline takes arrays from the dataset (RGB), image files are read as '
+            f'BGR: set to_rgb=True in {" and ".join(changed)}')
+
+
 def _save_label_map(label: np.ndarray, path: str) -> None:
     """Writes class indices as an 8-bit (<= 256 classes) or 16-bit PNG, never truncated."""
     label = np.asarray(label)
@@ -198,13 +231,58 @@ def _batched_forward(inferencer: Any, images: List[str],
     sys.stdout.write('\n')
 
 
+def segmentation_classes(cfg: Config, checkpoint: Dict[str, Any]) -> Tuple[Dict[str, Any], str]:
+    """Classes and palette of a segmentation checkpoint, and where they come from.
+
+    A runner checkpoint carries them (``meta.dataset_meta``); for a checkpoint without them,
+    mmseg's inferencer would silently name the classes and paint the overlays as Cityscapes,
+    so they are taken from the config's test dataset (its class ``METAINFO`` updated by the
+    config's ``metainfo``).
+
+    Args:
+        cfg: The inference config.
+        checkpoint: The loaded checkpoint.
+
+    Returns:
+        (``dict(classes=..., palette=...)``, a description of the source).
+
+    Raises:
+        ValueError: when neither the checkpoint nor the config's test dataset names classes.
+    """
+    meta = (checkpoint.get('meta') or {}).get('dataset_meta') or {}
+    if meta.get('classes'):
+        return dict(classes=meta['classes'], palette=meta.get('palette')), 'the checkpoint'
+    from mmseg.registry import DATASETS
+    dataset = cfg.get('test_dataloader', {}).get('dataset', {})
+    dataset_cls = DATASETS.get(str(dataset.get('type', '')))
+    metainfo = dict(getattr(dataset_cls, 'METAINFO', None) or {})
+    metainfo.update(dataset.get('metainfo') or {})
+    if not metainfo.get('classes'):
+        raise ValueError(
+            f'the checkpoint has no class names (meta.dataset_meta) and the config\'s test '
+            f'dataset {dataset.get("type")!r} names none: set test_dataloader.dataset.metainfo='
+            f'dict(classes=[...], palette=[...]) (--cfg-options)')
+    palette = metainfo.get('palette')
+    if not palette or len(palette) != len(metainfo['classes']):
+        # as mmseg's datasets do without one: fixed random colours
+        palette = np.random.RandomState(42).randint(0, 255, (len(metainfo['classes']), 3))
+        palette = palette.tolist()
+    return (dict(classes=list(metainfo['classes']), palette=list(palette)),
+            f'the config\'s test dataset ({dataset.get("type")}), the checkpoint has none')
+
+
 def run_segmentation(cfg: Config, checkpoint: str, images: List[str], args: argparse.Namespace
                      ) -> List[Dict[str, Any]]:
     """MMSegInferencer over ``images``: overlays in vis/, label maps in pred/."""
     from mmseg.apis import MMSegInferencer
+    loaded = _load_checkpoint(checkpoint, map_location='cpu')
+    meta, source = segmentation_classes(cfg, loaded)
     inferencer = MMSegInferencer(model=cfg, weights=checkpoint, device=args.device,
-                                 show_progress=False)
-    meta = inferencer.model.dataset_meta
+                                 show_progress=False, classes=meta['classes'],
+                                 palette=meta['palette'])
+    check_checkpoint_covers(inferencer.model, loaded, repr(args.checkpoint))
+    inferencer.model.dataset_meta = meta
+    print(f'classes: {len(meta["classes"])} from {source}', flush=True)
     vis_dir, pred_dir = osp.join(args.out_dir, 'vis'), osp.join(args.out_dir, 'pred')
     os.makedirs(pred_dir, exist_ok=True)
     with open(osp.join(args.out_dir, 'classes.json'), 'w') as f:
@@ -236,6 +314,8 @@ def run_classification(cfg: Config, checkpoint: str, images: List[str],
     from mmpretrain.apis import ImageClassificationInferencer
     inferencer = ImageClassificationInferencer(model=cfg, pretrained=checkpoint,
                                                device=args.device)
+    check_checkpoint_covers(inferencer.model, _load_checkpoint(checkpoint, map_location='cpu'),
+                            repr(args.checkpoint))
     classes = inferencer.classes
     vis_dir, pred_dir = osp.join(args.out_dir, 'vis'), osp.join(args.out_dir, 'pred')
     os.makedirs(pred_dir, exist_ok=True)
@@ -274,11 +354,18 @@ def main(argv: Optional[List[str]] = None) -> List[Dict[str, Any]]:
     os.makedirs(args.out_dir, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp_dir:
         cfg, checkpoint = inference_config(cfg, args.checkpoint, tmp_dir)
+        if world.scope != 'mmseg':
+            note = read_files_as_rgb(cfg)
+            if note:
+                print(f'note: {note}', flush=True)
         print(f'{world.task}: {len(images)} image(s) -> {args.out_dir}', flush=True)
-        if world.scope == 'mmseg':
-            rows = run_segmentation(cfg, checkpoint, images, args)
-        else:
-            rows = run_classification(cfg, checkpoint, images, args)
+        try:
+            if world.scope == 'mmseg':
+                rows = run_segmentation(cfg, checkpoint, images, args)
+            else:
+                rows = run_classification(cfg, checkpoint, images, args)
+        except CheckpointCoverageError as err:
+            raise SystemExit(f'error: {err}') from None
     name = 'results.json' if world.scope == 'mmseg' else 'topk.json'
     with open(osp.join(args.out_dir, name), 'w') as f:
         json.dump(rows, f, indent=2)

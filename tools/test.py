@@ -14,6 +14,7 @@ import sys
 from typing import List, Optional
 
 from mmlinvit.converters.checkpoint_file import CheckpointFileError
+from mmlinvit.engine.checkpoint_coverage import CheckpointCoverageError
 from mmlinvit.engine.launch import (add_launch_arguments, build_runner, finish_distributed,
                                      load_config, parse_launch_args, prepare_test_config)
 from mmlinvit.engine.preflight import MissingInputsError
@@ -46,7 +47,10 @@ def main(argv: Optional[List[str]] = None) -> dict:
         runner = build_runner(cfg, mode='test', checkpoint=args.checkpoint)
     except (MissingInputsError, CheckpointFileError) as err:
         raise SystemExit(f'error: {err}') from None
-    metrics = runner.test()
+    try:
+        metrics = runner.test()
+    except CheckpointCoverageError as err:
+        raise SystemExit(f'error: {err}') from None
     finish_distributed()
     return metrics
 

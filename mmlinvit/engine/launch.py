@@ -265,6 +265,10 @@ def prepare_test_config(cfg: Config,
                         launcher: str = 'none') -> Config:
     """Applies ``tools/test.py``'s flags to a loaded config.
 
+    Adds ``mmlinvit.CheckpointCoverageHook`` (a checkpoint that misses weights of the model is
+    refused instead of evaluating them at random) unless the config sets
+    ``check_checkpoint_coverage = False``.
+
     Args:
         cfg: The config (``--cfg-options`` already merged).
         config_path: The config file (its stem names the default work dir).
@@ -284,6 +288,8 @@ def prepare_test_config(cfg: Config,
     _set_launcher_and_work_dir(cfg, config_path, work_dir, launcher)
     cfg.load_from = checkpoint
     cfg.resume = False
+    if cfg.get('check_checkpoint_coverage', True):
+        _add_custom_hook(cfg, 'mmlinvit.CheckpointCoverageHook', source=repr(checkpoint))
     if show or show_dir:
         world.enable_visualization(cfg, show_dir, show, wait_time, interval)
     if out is not None:
@@ -314,12 +320,12 @@ def init_cpu_distributed(launcher: str) -> None:
     dist.init_process_group(backend='gloo')
 
 
-def _add_custom_hook(cfg: Config, hook_type: str) -> None:
+def _add_custom_hook(cfg: Config, hook_type: str, **kwargs: Any) -> None:
     hooks = list(cfg.get('custom_hooks', None) or [])
     names = {h.get('type') for h in hooks if isinstance(h, dict)}
     short = hook_type.split('.', 1)[1]
     if hook_type not in names and short not in names:
-        hooks.append(dict(type=hook_type))
+        hooks.append(dict(type=hook_type, **kwargs))
     cfg.custom_hooks = hooks
 
 

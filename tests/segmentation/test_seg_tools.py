@@ -212,3 +212,39 @@ def test_train_flags_map_to_the_config(tmp_path):
         assert cfg.env_cfg.dist_cfg.backend == 'gloo'
         assert cfg.model_wrapper_cfg.type == 'MMDistributedDataParallel'
         assert 'SyncBN' not in str(cfg.model)
+
+
+def test_test_tool_refuses_a_checkpoint_that_misses_weights(tmp_path, ade_root):
+    """A bare backbone file given as CHECKPOINT would be evaluated with a random decode head
+    (mmengine loads load_from with strict=False): tools/test.py stops and says what it is."""
+    from mmlinvit.engine.checkpoint_coverage import CheckpointCoverageError, uncovered_keys
+    from mmlinvit.registry import MODELS
+    cfg = tiny_config(UPERNET, ade_root, str(tmp_path / 'wd'))
+    cfg_file = str(tmp_path / 'cfg.py')
+    cfg.dump(cfg_file)
+    backbone_cfg = dict(cfg.model.backbone, pretrained=None)
+    backbone = MODELS.build(backbone_cfg).state_dict()
+    bare = str(tmp_path / 'student_backbone.pth')
+    torch.save(backbone, bare)
+    test = _load_tool('test')
+    with pytest.raises(SystemExit, match=r'(?s)student_backbone.pth.*decode_head \d+/\d+.*'
+                                         r'bare backbone.*model.backbone.pretrained'):
+        test.main([cfg_file, bare, '--work-dir', str(tmp_path / 't1')])
+    # The same weights under a distillation run's student.* prefix are recognised too.
+    distill = str(tmp_path / 'stage2.pth')
+    torch.save(dict(state_dict={f'student.{k}': v for k, v in backbone.items()}), distill)
+    with pytest.raises(SystemExit, match='bare-backbone student of a distillation run'):
+        test.main([cfg_file, distill, '--work-dir', str(tmp_path / 't2')])
+    # A complete checkpoint passes; optional keys (training records) may be missing.
+    model = MODELS.build(dict(cfg.model.to_dict(), backbone=backbone_cfg))
+    full = {k: v for k, v in model.state_dict().items() if not k.endswith('block_operators')}
+    assert uncovered_keys(model, full) == []
+    assert uncovered_keys(model, {f'module.{k}': v for k, v in full.items()}) == []
+    assert uncovered_keys(model, backbone)[0].startswith('auxiliary_head.')
+    with pytest.raises(CheckpointCoverageError):
+        from mmlinvit.engine.checkpoint_coverage import check_checkpoint_covers
+        check_checkpoint_covers(model, dict(state_dict=backbone), 'x')
+    # Opting out evaluates anyway.
+    metrics = test.main([cfg_file, bare, '--work-dir', str(tmp_path / 't3'), '--cfg-options',
+                         'check_checkpoint_coverage=False'])
+    assert 0.0 <= metrics['mIoU'] <= 100.0

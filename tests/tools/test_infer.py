@@ -209,3 +209,80 @@ def test_classification_topk_matches_runner(tmp_path, capsys):
         np.testing.assert_allclose([t['score'] for t in saved['topk']], scores[order],
                                    rtol=1e-5, atol=1e-6)
         assert osp.isfile(saved['visualization'])
+
+
+def test_array_dataset_config_reads_files_as_rgb(tmp_path, capsys):
+    """CIFAR configs evaluate RGB arrays with to_rgb=False; image files (read as BGR) must
+    reach the model in RGB too.  Reference: the config's own test pipeline and data
+    preprocessor on the RGB array of the file, as the CIFAR evaluation feeds it."""
+    from mmengine.config import Config
+    from mmengine.dataset import Compose, default_collate
+    from mmengine.registry import init_default_scope
+    from mmpretrain.registry import MODELS, TRANSFORMS
+
+    from mmlinvit.config_scopes import register_config_scopes
+    register_config_scopes()
+    rel = 'copy_mlp_distill_attn/copy-mlp-distill-attn_deit-t-elu_8xb64-300e_cifar10-224x224.py'
+    cfg = Config.fromfile(osp.join(REPO, 'configs', rel))
+    assert cfg.data_preprocessor.to_rgb is False  # the dataset yields RGB arrays
+    student = cfg.model.student
+    student.backbone.update(arch=dict(embed_dims=32, num_layers=2, num_heads=2,
+                                      mlp_hidden_dims=64), img_size=32, patch_size=8)
+    student.head.in_channels = 32
+    cfg.test_dataloader.dataset.pipeline[0].update(scale=32)
+    cfg_file = str(tmp_path / 'cifar_cfg.py')
+    cfg.dump(cfg_file)
+
+    init_default_scope('mmpretrain')
+    torch.manual_seed(0)
+    model = MODELS.build(dict(student.to_dict(),
+                              data_preprocessor=cfg.data_preprocessor.to_dict())).eval()
+    for p in model.parameters():  # a model that tells the channels apart
+        p.data.normal_(0, 0.3)
+    ckpt = str(tmp_path / 'run.pth')
+    torch.save(dict(state_dict={f'student.{k}': v for k, v in model.state_dict().items()}),
+               ckpt)
+    rgb = np.zeros((32, 32, 3), dtype=np.uint8)
+    rgb[..., 0] = 250
+    rgb[8:, :, 1] = 120
+    Image.fromarray(rgb).save(tmp_path / 'red.png')
+
+    pipeline = Compose([TRANSFORMS.build(t) for t in cfg.test_dataloader.dataset.pipeline])
+    with torch.no_grad():
+        expected = model.test_step(default_collate([pipeline(dict(img=rgb))]))[0].pred_score
+        swapped = model.test_step(
+            default_collate([pipeline(dict(img=rgb[..., ::-1].copy()))]))[0].pred_score
+    assert (expected - swapped).abs().max() > 1e-3  # the channel order matters here
+
+    infer = _load_tool('infer')
+    rows = infer.main([cfg_file, ckpt, str(tmp_path / 'red.png'), '--out-dir',
+                       str(tmp_path / 'out'), '--topk', '10', '--device', 'cpu'])
+    scores = {t['label']: t['score'] for t in rows[0]['topk']}
+    np.testing.assert_allclose([scores[i] for i in range(10)], expected.numpy(), rtol=1e-5,
+                               atol=1e-6)
+    assert 'set to_rgb=True' in capsys.readouterr().out
+
+
+def test_checkpoint_without_classes_or_weights(demo_student, tmp_path, capsys):
+    """A state-dict-only checkpoint is named with the config's classes (mmseg's inferencer
+    would call them Cityscapes classes), and a bare backbone file is refused instead of
+    predicting with a random head."""
+    cfg, cfg_file, ckpt, images, _ = demo_student
+    state = torch.load(ckpt, map_location='cpu', weights_only=False)['state_dict']
+    bare_state = str(tmp_path / 'weights_only.pth')
+    torch.save(dict(state_dict=state), bare_state)
+    infer = _load_tool('infer')
+    plain = infer.main([cfg_file, ckpt, images, '--out-dir', str(tmp_path / 'a'),
+                        '--device', 'cpu'])
+    rows = infer.main([cfg_file, bare_state, images, '--out-dir', str(tmp_path / 'b'),
+                       '--device', 'cpu'])
+    assert "from the config's test dataset" in capsys.readouterr().out
+    classes = json.load(open(tmp_path / 'b' / 'classes.json'))
+    assert classes['classes'] == list(cfg.metainfo['classes'])
+    assert [r['classes_present'] for r in rows] == [r['classes_present'] for r in plain]
+    backbone = str(tmp_path / 'student_backbone.pth')
+    torch.save({k[len('backbone.'):]: v for k, v in state.items() if k.startswith('backbone.')},
+               backbone)
+    with pytest.raises(SystemExit, match=r'(?s)decode_head \d+/\d+.*bare backbone'):
+        infer.main([cfg_file, backbone, images, '--out-dir', str(tmp_path / 'c'),
+                    '--device', 'cpu'])

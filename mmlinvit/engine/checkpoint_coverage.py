@@ -1,0 +1,101 @@
+"""Evaluation refuses checkpoints that leave part of the model at its random initialisation.
+
+mmengine loads ``load_from`` (``tools/test.py``'s CHECKPOINT) and the inferencers load their
+weights with ``strict=False``: a checkpoint that misses weights of the model (an exported
+``student_backbone.pth`` given to a task config, the checkpoint of another config) is
+reported in one log line and the model is evaluated with those weights random.
+:func:`check_checkpoint_covers` turns that into an error naming the missing weights and the
+fix.  Keys a backbone declares optional (``OPTIONAL_CHECKPOINT_KEYS``: training records,
+the DINOv2 mask token) may be missing; keys the checkpoint has beyond the model are ignored.
+"""
+import re
+from typing import Any, Dict, List, Mapping, Set
+
+import torch.nn as nn
+
+from mmlinvit.backbones.base import TokenBackbone
+from mmlinvit.converters.report import summarise_keys
+
+#: mmengine's default ``revise_keys`` of ``load_checkpoint``: a DDP wrapper prefix.
+_WRAPPER_PREFIX = re.compile(r'^module\.')
+
+
+class CheckpointCoverageError(ValueError):
+    """A checkpoint to evaluate does not hold every weight of the model."""
+
+
+def optional_model_keys(model: nn.Module) -> Set[str]:
+    """Keys of ``model`` that a checkpoint may lack (each backbone's optional keys)."""
+    keys = set()
+    for prefix, module in model.named_modules():
+        if isinstance(module, TokenBackbone):
+            stem = f'{prefix}.' if prefix else ''
+            keys.update(stem + key for key in module.OPTIONAL_CHECKPOINT_KEYS)
+    return keys
+
+
+def uncovered_keys(model: nn.Module, state_dict: Mapping[str, Any]) -> List[str]:
+    """The model's state-dict keys that ``state_dict`` lacks, optional keys left out.
+
+    Args:
+        model: The model to evaluate (not wrapped).
+        state_dict: The checkpoint's state dict (a ``module.`` prefix is removed as mmengine
+            does).
+    """
+    present = {_WRAPPER_PREFIX.sub('', key) for key in state_dict}
+    optional = optional_model_keys(model)
+    return sorted(k for k in model.state_dict() if k not in present and k not in optional)
+
+
+def _hint(model_keys: List[str], present: Set[str]) -> str:
+    """What the checkpoint probably is, and what to do with it."""
+    student = {k[len('student.'):] for k in present if k.startswith('student.')}
+    backbone = [k[len('backbone.'):] for k in model_keys if k.startswith('backbone.')]
+    for keys, what in ((present, 'a bare backbone (e.g. an exported student_backbone.pth)'),
+                       (student, 'the bare-backbone student of a distillation run (student.*)')):
+        if backbone and 2 * sum(k in keys for k in backbone) >= len(backbone):
+            return (f' It holds {what}: load it as model.backbone.pretrained=PATH in a config '
+                    f'that trains the head, and evaluate the checkpoint of that run.')
+    if student:
+        return (' It holds the student of a distillation run (student.*): evaluate it with the '
+                'distillation config that wrote it.')
+    return ' Check that CHECKPOINT was written by a run of this config.'
+
+
+def check_checkpoint_covers(model: nn.Module, checkpoint: Mapping[str, Any],
+                            source: str) -> None:
+    """Raises when ``checkpoint`` does not hold every (non-optional) weight of ``model``.
+
+    Args:
+        model: The model to evaluate (not wrapped).
+        checkpoint: A loaded checkpoint (``{'state_dict': ...}`` or a bare state dict).
+        source: What the checkpoint is, for the message (e.g. its path).
+
+    Raises:
+        CheckpointCoverageError: naming the missing weights, what the checkpoint looks like,
+            and ``check_checkpoint_coverage=False`` to evaluate anyway.
+    """
+    state_dict = checkpoint.get('state_dict', checkpoint)
+    missing = uncovered_keys(model, state_dict)
+    if not missing:
+        return
+    model_keys = list(model.state_dict())
+    present = {_WRAPPER_PREFIX.sub('', key) for key in state_dict}
+    raise CheckpointCoverageError(
+        f'{source} does not hold {len(missing)} of the {len(model_keys)} weights of the model '
+        f'to evaluate, which would be evaluated at their random initialisation; missing per '
+        f'module: {_per_module(missing, model_keys)} ('
+        f'{", ".join(summarise_keys(missing, limit=6))}).' + _hint(model_keys, present) +
+        ' To evaluate anyway, pass --cfg-options check_checkpoint_coverage=False.')
+
+
+def _per_module(missing: List[str], model_keys: List[str]) -> str:
+    """``'backbone 67/67, decode_head 50/50'``: missing / all keys per top-level module."""
+    top = lambda key: key.split('.', 1)[0]  # noqa: E731
+    totals: Dict[str, int] = {}
+    for key in model_keys:
+        totals[top(key)] = totals.get(top(key), 0) + 1
+    counts: Dict[str, int] = {}
+    for key in missing:
+        counts[top(key)] = counts.get(top(key), 0) + 1
+    return ', '.join(f'{name} {count}/{totals[name]}' for name, count in counts.items())
