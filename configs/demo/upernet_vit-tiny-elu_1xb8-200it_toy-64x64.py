@@ -12,7 +12,7 @@ max_iters = 200
 optim_wrapper = dict(
     optimizer=dict(lr=2e-3),
     constructor='mmlinvit.LayerDecayOptimWrapperConstructor',
-    paramwise_cfg=dict(layer_decay_rate=0.9))
+    paramwise_cfg=dict(_delete_=True, layer_decay_rate=0.9))
 param_scheduler = [
     dict(type='LinearLR', start_factor=0.05, by_epoch=False, begin=0, end=30),
     dict(type='PolyLR', eta_min=1e-5, power=1.0, begin=30, end=max_iters, by_epoch=False),

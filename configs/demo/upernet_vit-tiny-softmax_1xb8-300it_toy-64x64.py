@@ -33,6 +33,13 @@ model = dict(
 optim_wrapper = dict(
     type='OptimWrapper',
     optimizer=dict(type='AdamW', lr=2e-3, betas=(0.9, 0.999), weight_decay=0.01),
+    # no weight decay on norms, biases, tokens and the position embedding
+    paramwise_cfg=dict(
+        norm_decay_mult=0.0,
+        bias_decay_mult=0.0,
+        flat_decay_mult=0.0,
+        custom_keys={key: dict(decay_mult=0.0)
+                     for key in ('cls_token', 'reg_token', 'pos_embed', 'mask_token')}),
     clip_grad=dict(max_norm=1.0))
 max_iters = 300
 param_scheduler = [

@@ -45,8 +45,7 @@ model = dict(
         final=dict(type='ModuleOutputs', source='norm_f')),
     connectors=dict(proj=dict(in_channels=768)))
 # Mamba-2 parameters (dt bias, A, D skip) are 1-D: no weight decay (flat_decay_mult=0 in the
-# schedule); the mask token neither.
-optim_wrapper = dict(paramwise_cfg=dict(custom_keys={'mask_token': dict(decay_mult=0.0)}))
+# schedule); the tokens, position embedding and mask token neither (the schedule's custom_keys).
 # ImageNet images without labels: no validation of the bare student
 val_dataloader = None
 val_evaluator = None

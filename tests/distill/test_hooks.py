@@ -83,3 +83,35 @@ def test_nan_loss_stops_training_naming_the_term(tmp_path):
     with pytest.raises(FloatingPointError, match=r"'distill\.loss_attn_out' is not finite"):
         runner.train()
     assert [s['iter'] for s in recorder.history] == [0]
+
+
+def test_export_is_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
+    """A write that dies half-way leaves the previous student_backbone.pth intact."""
+    from types import SimpleNamespace
+
+    from mmlinvit.backbones import VisionTransformer
+    from mmlinvit.engine.hooks import ExportStudentHook
+    student = VisionTransformer(dict(embed_dims=16, num_layers=1, num_heads=2,
+                                     mlp_hidden_dims=32), img_size=16, patch_size=8)
+    model = SimpleNamespace(student_backbone=lambda: student)
+    runner = SimpleNamespace(model=model, work_dir=str(tmp_path))
+    hook = ExportStudentHook()
+    hook.before_save_checkpoint(runner, dict(meta=dict(epoch=1, iter=10)))
+    path = tmp_path / 'student_backbone.pth'
+    first = torch.load(path, weights_only=True)
+    real_save = torch.save
+
+    def dies_half_way(obj, f, *args, **kwargs):
+        with open(f, 'wb') as out:
+            out.write(b'PK\x03\x04 truncated')
+        raise OSError('disk full')
+
+    with torch.no_grad():
+        student.cls_token.add_(1.0)
+    monkeypatch.setattr(torch, 'save', dies_half_way)
+    with pytest.raises(OSError, match='disk full'):
+        hook.before_save_checkpoint(runner, dict(meta=dict(epoch=2, iter=20)))
+    monkeypatch.setattr(torch, 'save', real_save)
+    kept = torch.load(path, weights_only=True)
+    assert kept.keys() == first.keys()
+    assert all(torch.equal(kept[k], first[k]) for k in first)

@@ -68,6 +68,17 @@ def test_nested_backbone_path():
     assert by_name['student.head.weight'] == 1.0
 
 
+def test_frozen_parameters_are_left_out():
+    """A frozen teacher beside the student is not given to the optimizer (as mmpretrain)."""
+    model = Distiller()
+    model.teacher = VisionTransformer(TINY, img_size=32, patch_size=8)
+    model.teacher.requires_grad_(False)
+    optimizer = _build(model, 0.5, backbone='student.backbone')
+    names = [n for g in optimizer.param_groups for n in g['param_names']]
+    assert names and not any(n.startswith('teacher.') for n in names)
+    assert sorted(names) == sorted(n for n, _ in model.student.named_parameters(prefix='student'))
+
+
 def test_missing_backbone_and_rate_are_clear_errors():
     with pytest.raises(AttributeError, match='student.backbone'):
         _build(TinySegmentor(), 0.5, backbone='student.backbone')

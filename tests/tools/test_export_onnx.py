@@ -126,3 +126,12 @@ def test_adventurer_student_backbone_from_an_exported_backbone_file(tmp_path):
     got = _onnx_outputs(out, images)
     assert len(got) == len(ref) == 4  # the four UPerNet feature maps
     assert _max_err(got, ref) < 1e-4
+
+
+def test_shape_off_the_patch_grid_is_refused(tmp_path):
+    """The graph would pad inside the backbone (bottom / right), not as the evaluated
+    segmentor does (centred for DINOv2): refused with the nearest valid --shape."""
+    with pytest.raises(SystemExit, match=r'multiple of the patch size 8.*--shape 72 64'):
+        _tool().main([str(ROOT / STUDENT_SEG), 'none', '--out', str(tmp_path / 'x.onnx'),
+                      '--shape', '66', '64'])
+    assert not (tmp_path / 'x.onnx').exists()

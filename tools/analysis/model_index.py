@@ -38,7 +38,7 @@ TABLE_END = '<!-- end of model-index table -->'
 #: Collection (paper / recipe) of each config directory, relative to configs/.
 COLLECTIONS: Dict[str, Dict[str, Any]] = {
     'adala': dict(Name='ViT-AdaLA', Paper=dict(
-        Title='ViT-AdaLA: adapting pretrained ViTs to linear attention',
+        Title='ViT-AdaLA: Adapting Vision Transformers with Linear Attention',
         URL='https://arxiv.org/abs/2603.16063')),
     'copy_mlp_distill_attn': dict(Name='Copy the MLP, Distill the Attention', Paper=dict(
         Title='Copy the Same, Distill the Difference', URL='https://arxiv.org/abs/2609.35745')),

@@ -44,7 +44,8 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
 
 from onnx_tools import (DEFAULT_OPSET, PARTS, WHICH, build_export_module,  # noqa: E402
-                        export_onnx, max_abs_errors, onnxruntime_outputs, onnxruntime_session)
+                        check_export_shape, export_onnx, max_abs_errors, onnxruntime_outputs,
+                        onnxruntime_session)
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -92,6 +93,10 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     module, info = build_export_module(args.config, checkpoint, args.part, args.which,
                                        _cfg_options(args.cfg_options))
     h, w = args.shape or info['crop']
+    try:
+        check_export_shape((h, w), info['patch_size'])
+    except ValueError as err:
+        raise SystemExit(f'error: {err}') from None
     out = args.out or os.path.join(
         os.path.dirname(os.path.abspath(checkpoint)) if checkpoint else
         os.path.join(ROOT, 'work_dirs', 'onnx'),

@@ -210,8 +210,42 @@ def build_export_module(config: str,
     module.eval()
     info = dict(config=config, checkpoint=checkpoint, part=part, which=which,
                 model=type(task).__name__, backbone=type(backbone).__name__,
-                checkpoint_prefix=prefix, crop=_config_crop(cfg, backbone))
+                checkpoint_prefix=prefix, crop=_config_crop(cfg, backbone),
+                patch_size=_patch_size(backbone))
     return module, info
+
+
+def _patch_size(backbone: nn.Module) -> Optional[int]:
+    patch = getattr(backbone, 'patch_size', None)
+    if isinstance(patch, (tuple, list)):
+        patch = patch[0]
+    return None if patch is None else int(patch)
+
+
+def check_export_shape(shape: Tuple[int, int], patch_size: Optional[int]) -> None:
+    """Refuses an export size that is not a multiple of the patch size.
+
+    The exported graph is the model's ``mode='tensor'`` / backbone forward, which pads such an
+    input inside the backbone at the bottom / right, whereas ``tools/test.py`` and
+    ``tools/infer.py`` pad where the segmentor's ``patch_padding`` says (centred for DINOv2)
+    and crop the prediction back: the graph would compute something else than the evaluated
+    model, without any error.
+
+    Args:
+        shape: (H, W) of the export.
+        patch_size: The backbone's patch size (``None``: no check).
+
+    Raises:
+        ValueError: naming the nearest valid ``--shape``.
+    """
+    if patch_size is None or all(s % patch_size == 0 for s in shape):
+        return
+    up = [-(-s // patch_size) * patch_size for s in shape]
+    raise ValueError(
+        f'--shape {shape[0]} {shape[1]} is not a multiple of the patch size {patch_size}: the '
+        f'graph would pad inside the backbone, unlike the evaluated model; export at '
+        f'--shape {up[0]} {up[1]} and pad the images to it as the config does (e.g. '
+        f"patch_padding='center' for DINOv2)")
 
 
 def _config_crop(cfg: Any, backbone: nn.Module) -> Tuple[int, int]:

@@ -4,7 +4,16 @@
 optim_wrapper = dict(
     type='OptimWrapper',
     optimizer=dict(type='AdamW', lr=5e-4, weight_decay=0.05, betas=(0.9, 0.999)),
-    paramwise_cfg=dict(norm_decay_mult=0.0, bias_decay_mult=0.0, flat_decay_mult=0.0),
+    # No weight decay on norms, biases, tokens and position embeddings (as mmpretrain's ViT
+    # recipes, DeiT and the public Adventurer code; DINOv2's pre-training decays the tokens).
+    paramwise_cfg=dict(
+        norm_decay_mult=0.0,
+        bias_decay_mult=0.0,
+        flat_decay_mult=0.0,
+        custom_keys={
+            key: dict(decay_mult=0.0)
+            for key in ('cls_token', 'reg_token', 'pos_embed', 'mask_token')
+        }),
     clip_grad=dict(max_norm=3.0),
 )
 max_epochs = 300

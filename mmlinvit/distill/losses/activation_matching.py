@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from .base import DistillLossBase
+from .precision import autocast_disabled
 from .token_utils import TensorOrSeq, patch_tokens
 
 
@@ -17,12 +18,15 @@ def cosine_similarity_map(feats: torch.Tensor, keep: torch.Tensor) -> torch.Tens
             normalised, so each row only involves kept tokens.
 
     Returns:
-        (B, L, L) map A with A(i, j) = cos(f_i, f_j) (kept j), rows of unit l2 norm.
+        (B, L, L) float32 map A with A(i, j) = cos(f_i, f_j) (kept j), rows of unit l2 norm.
+        Computed in float32 with autocast switched off, so it is the same under AMP (autocast
+        would run the token-by-token matmul in fp16 / bf16).
     """
-    unit = F.normalize(feats.float(), dim=-1)
-    sim = unit @ unit.transpose(1, 2)
-    sim = sim * keep.unsqueeze(1).to(sim.dtype)
-    return F.normalize(sim, dim=-1)
+    with autocast_disabled(feats.device):
+        unit = F.normalize(feats.float(), dim=-1)
+        sim = unit @ unit.transpose(1, 2)
+        sim = sim * keep.unsqueeze(1).to(sim.dtype)
+        return F.normalize(sim, dim=-1)
 
 
 class ActivationMatchingLoss(DistillLossBase):
@@ -37,6 +41,10 @@ class ActivationMatchingLoss(DistillLossBase):
     With ``visible_only=True`` (default, the paper's best setting) and a ``patch_mask``,
     rows and columns of masked tokens are left out: each image's rows and the average use
     its visible tokens only.
+
+    The maps and the loss are computed in float32 with autocast switched off (also under
+    ``--amp``): the loss is a small difference of near-one inner products, which fp16 / bf16
+    matmuls would swamp with rounding noise.
 
     Args:
         loss_weight: Weight of the term.
@@ -95,9 +103,10 @@ class ActivationMatchingLoss(DistillLossBase):
                 raise ValueError(f'patch_mask has shape {tuple(patch_mask.shape)} but the '
                                  f'records have {tuple(keep.shape)} (batch, patches)')
             keep = ~patch_mask.to(device=s.device, dtype=torch.bool)
-        a_s = cosine_similarity_map(s, keep)
-        a_t = cosine_similarity_map(t, keep)
-        per_row = 1.0 - (a_s * a_t).sum(-1)
-        weight = keep.float()
-        per_image = (per_row * weight).sum(-1) / weight.sum(-1).clamp_min(1.0)
-        return per_image.mean()
+        with autocast_disabled(s.device):  # fp32 math under AMP too (see the class doc)
+            a_s = cosine_similarity_map(s.float(), keep)
+            a_t = cosine_similarity_map(t.float(), keep)
+            per_row = 1.0 - (a_s * a_t).sum(-1)
+            weight = keep.float()
+            per_image = (per_row * weight).sum(-1) / weight.sum(-1).clamp_min(1.0)
+            return per_image.mean()

@@ -1,4 +1,5 @@
 """Exports the distilled student backbone as a plain weights file next to each checkpoint."""
+import os
 import os.path as osp
 
 import torch
@@ -16,7 +17,8 @@ class ExportStudentHook(Hook):
     checkpoint is saved.
 
     The file holds the student backbone's state dict only (canonical keys, tensors only; no
-    teacher, connectors, mask token or training state), so any backbone config loads it with
+    teacher, connectors, distillation-model mask token or training state; a backbone's own
+    mask token and training records are part of it), so any backbone config loads it with
     ``pretrained=<file>`` under ``torch.load(weights_only=True)``.  Runner checkpoints also
     carry the student (``student.`` keys, stripped by :mod:`mmlinvit.converters`), but they
     pickle training state (message hub, optimizer) that the safe loader refuses unless trusted.
@@ -46,5 +48,9 @@ class ExportStudentHook(Hook):
         if is_main_process():
             state = {k: v.detach().cpu().clone()
                      for k, v in model.student_backbone().state_dict().items()}
-            torch.save(state, path)
+            # written beside and renamed: an interrupted write never leaves a truncated file
+            # where the last complete export was
+            tmp = f'{path}.tmp'
+            torch.save(state, tmp)
+            os.replace(tmp, path)
             print_log(f'Exported the student backbone ({tag}) to {path}', logger='current')

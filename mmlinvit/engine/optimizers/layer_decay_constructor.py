@@ -35,7 +35,9 @@ class LayerDecayOptimWrapperConstructor(DefaultOptimWrapperConstructor):
       never get weight decay.
 
     Parameters outside the backbone (neck, head, distillation connectors) take the last depth,
-    i.e. the full learning rate.
+    i.e. the full learning rate.  Frozen parameters (``requires_grad=False``: a distillation
+    teacher, a linear probe's backbone) are left out of the optimizer, as mmpretrain's
+    constructor does.
 
     Args:
         optim_wrapper_cfg: The ``optim_wrapper`` config (with ``optimizer``).
@@ -118,6 +120,8 @@ class LayerDecayOptimWrapperConstructor(DefaultOptimWrapperConstructor):
         groups: Dict[str, dict] = {}
         base_wd = self.base_wd or 0.0
         for name, param in module.named_parameters():
+            if not param.requires_grad:  # frozen (a distillation teacher): as mmpretrain
+                continue
             depth, total = depths[name]
             no_decay = self._no_weight_decay(name, param.ndim)
             key = f'layer_{depth}_{"no_decay" if no_decay else "decay"}'

@@ -1,0 +1,48 @@
+"""Which parameters of each config's model get weight decay, through the real optimizer.
+
+Norms, biases and LayerScale (1-D), class / register / mask tokens and position embeddings
+train without weight decay in every config (mmpretrain's ViT recipes, DeiT, the public
+Adventurer code); the optimizer is built by the config's own constructor from the model
+``test_all_configs`` builds (backbone widths divided, structure kept).
+"""
+import pytest
+from mmengine.optim import build_optim_wrapper
+from mmengine.registry import MODELS, init_default_scope
+
+from config_testing import DISTILLATION_TYPES, MODEL_CONFIGS, model_config, shrink_width
+
+#: Name fragments of parameters that must not be decayed (besides 1-D parameters).
+NO_DECAY = ('cls_token', 'reg_token', 'mask_token', 'pos_embed')
+
+
+def _decay_of_trainable(model, optim_wrapper) -> dict:
+    """Parameter name -> weight decay of its group, for every trainable parameter."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    decay = {}
+    for group in optim_wrapper.optimizer.param_groups:
+        for p in group['params']:
+            if p.requires_grad:
+                decay[names[id(p)]] = group['weight_decay']
+    return decay
+
+
+@pytest.mark.parametrize('rel', MODEL_CONFIGS)
+def test_tokens_norms_and_biases_are_not_decayed(rel):
+    cfg, model_cfg = model_config(rel)
+    init_default_scope(cfg.default_scope)
+    shrink_width(model_cfg)
+    if model_cfg['type'] in DISTILLATION_TYPES:
+        model_cfg['check_input_size'] = None
+    model = MODELS.build(model_cfg)
+    decay = _decay_of_trainable(model, build_optim_wrapper(model, cfg.optim_wrapper))
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert set(decay) == trainable, 'trainable parameters missing from the optimizer'
+    wrong = sorted(n for n, p in model.named_parameters()
+                   if n in decay and decay[n] != 0.0
+                   and (p.ndim <= 1 or any(k in n.split('.')[-1] for k in NO_DECAY)))
+    assert not wrong, f'{rel}: decayed tokens / norms / biases: {wrong}'
+    # the rest (weight matrices) is decayed as configured
+    base = cfg.optim_wrapper.optimizer.get('weight_decay', 0.0)
+    matrices = [n for n in decay if n not in wrong and model.get_parameter(n).ndim >= 2
+                and not any(k in n.split('.')[-1] for k in NO_DECAY)]
+    assert all(decay[n] == pytest.approx(base) for n in matrices), rel
