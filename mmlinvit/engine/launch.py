@@ -25,7 +25,7 @@ from mmlinvit.config_scopes import register_config_scopes
 from mmlinvit.converters.checkpoint_file import check_checkpoint_file
 
 from .preflight import check_inputs
-from .resume import check_resume_or_load_from
+from .resume import check_resume_or_load_from, resume_randomness
 
 #: ``--launcher`` choices (mmengine's).
 LAUNCHERS = ('none', 'pytorch', 'slurm', 'mpi')
@@ -386,8 +386,9 @@ def build_runner(cfg: Config, mode: str = 'train', checkpoint: Optional[str] = N
 
     For training, ``--resume`` is resolved here (the newest intact checkpoint of the work dir,
     or an error when there is none; :mod:`mmlinvit.engine.resume`), the checkpoint to load is
-    checked, and :func:`add_training_safeguards` is applied.  For testing, the checkpoint file
-    is checked.
+    checked, a resumed run without ``randomness.seed`` takes the interrupted run's seed
+    (:func:`mmlinvit.engine.resume.resume_randomness`), and :func:`add_training_safeguards` is
+    applied.  For testing, the checkpoint file is checked.
 
     Args:
         cfg: The prepared config.
@@ -401,6 +402,8 @@ def build_runner(cfg: Config, mode: str = 'train', checkpoint: Optional[str] = N
     if mode == 'train':
         cfg.load_from = check_resume_or_load_from(bool(cfg.get('resume', False)),
                                                   cfg.get('load_from', None), cfg.work_dir)
+        if cfg.get('resume', False) and cfg.load_from is not None:
+            cfg.randomness = resume_randomness(cfg.get('randomness', None), cfg.load_from)
         add_training_safeguards(cfg)
     elif checkpoint is not None:
         check_checkpoint_file(checkpoint)

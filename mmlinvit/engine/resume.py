@@ -9,18 +9,28 @@ the file nor the cause.  :func:`select_resume_checkpoint` instead
 * falls back from a damaged latest checkpoint to the newest one whose file is intact
   (:func:`mmlinvit.converters.checkpoint_file.checkpoint_file_problem`), warning with both
   names.
+
+:func:`resume_randomness` gives a resumed run the seed of the run it continues.  A config
+without ``randomness.seed`` (every segmentation config) lets mmengine draw a new seed per
+run; mmengine builds the train sampler with that new seed (``BaseLoop.__init__``) and adopts
+the checkpoint's ``meta['seed']`` only later, in ``Runner.resume``, so the data order and the
+per-sample augmentation seeds (:mod:`mmlinvit.engine.sample_seeding`) of the resumed part came
+from a fresh seed.
 """
 import glob
 import logging
 import os
 import os.path as osp
+import pickle
 import re
-from typing import List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
+import torch
 from mmengine.logging import print_log
+from mmengine.runner.checkpoint import get_torch_safe_globals
 
-from mmlinvit.converters.checkpoint_file import (CheckpointFileError, check_checkpoint_file,
-                                                 checkpoint_file_problem)
+from mmlinvit.converters.checkpoint_file import (ZIP_MAGIC, CheckpointFileError,
+                                                 check_checkpoint_file, checkpoint_file_problem)
 
 #: Names ``CheckpointHook`` gives checkpoints by default (``iter_<n>.pth`` / ``epoch_<n>.pth``).
 NUMBERED_CHECKPOINT = re.compile(r'^(?:iter|epoch)_(\d+)\.pth$')
@@ -136,11 +146,97 @@ def check_resume_or_load_from(resume: bool, load_from: Optional[str], work_dir: 
     """
     if resume and load_from is None:
         return select_resume_checkpoint(work_dir)
-    if load_from is not None and '://' not in load_from and not load_from.startswith(
-            ('open-mmlab:', 'mmcls:', 'torchvision:')):
+    if load_from is not None and _is_local(load_from):
         try:
             check_checkpoint_file(load_from)
         except CheckpointFileError as err:
             flag = '--resume' if resume else 'load_from'
             raise CheckpointFileError(f'{flag}: {err}') from None
     return load_from
+
+
+def _is_local(path: str) -> bool:
+    return '://' not in path and not path.startswith(('open-mmlab:', 'mmcls:', 'torchvision:'))
+
+
+def checkpoint_meta(path: str) -> Dict[str, Any]:
+    """The ``meta`` dict of a runner checkpoint, without reading its tensors into memory.
+
+    A ``torch.save`` zip archive is memory-mapped (``mmap=True``), so only the pickle record
+    is read.  It is unpickled as ``Runner.resume`` does it (mmengine's ``_safe_torch_load``):
+    ``weights_only=True`` with mmengine's allowlist (numpy arrays, ``HistoryBuffer``), and a
+    full unpickle of a file that holds other objects, which the runner performs on the same
+    file right after.
+
+    Args:
+        path: A local checkpoint written by mmengine's ``Runner``.
+
+    Returns:
+        ``checkpoint['meta']`` (empty when the file has none).
+    """
+    with open(path, 'rb') as f:
+        mmap = f.read(len(ZIP_MAGIC)) == ZIP_MAGIC  # legacy torch files cannot be mapped
+    try:
+        with torch.serialization.safe_globals(get_torch_safe_globals()):
+            checkpoint = torch.load(path, map_location='cpu', weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError:
+        checkpoint = torch.load(path, map_location='cpu', weights_only=False, mmap=mmap)
+    meta = checkpoint.get('meta') if isinstance(checkpoint, dict) else None
+    return dict(meta) if isinstance(meta, dict) else {}
+
+
+def resume_randomness(randomness: Optional[Dict[str, Any]], checkpoint: str) -> Dict[str, Any]:
+    """The ``randomness`` config of a run resumed from ``checkpoint``.
+
+    * The config sets no seed (``randomness`` absent, or its ``seed`` None): the seed of the
+      interrupted run, ``meta['seed']`` of the checkpoint, is used (INFO log line), so the
+      sampler and the per-sample augmentation streams are built with it and the resumed run
+      continues exactly.
+    * The config sets another seed than the checkpoint's: a warning names both; the config's
+      seed is kept, and the resume is not exact.
+    * The checkpoint is remote or has no seed: a warning says the resume is not exact and how
+      to make it so.
+
+    Other keys (``diff_rank_seed``, ``deterministic``) are kept.
+
+    Args:
+        randomness: ``cfg.randomness`` (None when the config has none).
+        checkpoint: The checkpoint the run resumes from.
+
+    Returns:
+        A new ``randomness`` dict.
+    """
+    randomness = dict(randomness or {})
+    config_seed = randomness.get('seed', None)
+    if not _is_local(checkpoint):
+        if config_seed is None:
+            print_log(f'--resume: cannot read the seed of the interrupted run from the remote '
+                      f'checkpoint {checkpoint} before the runner is built; a new seed is drawn, '
+                      f'so the data order and random augmentation after the resumed iteration '
+                      f"differ from the interrupted run. Set randomness.seed to its seed "
+                      f"(meta['seed'] of the checkpoint) for an exact resume.",
+                      logger='current', level=logging.WARNING)
+        return dict(randomness, seed=config_seed)
+    stored = checkpoint_meta(checkpoint).get('seed', None)
+    if stored is None:
+        if config_seed is None:
+            print_log(f"--resume: {checkpoint} records no seed (meta['seed']) and the config "
+                      f'sets no randomness.seed: a new seed is drawn, so the data order and '
+                      f'random augmentation after the resumed iteration differ from the '
+                      f'interrupted run.', logger='current', level=logging.WARNING)
+        return dict(randomness, seed=config_seed)
+    stored = int(stored)
+    if config_seed is None:
+        print_log(f'--resume: the config sets no randomness.seed; using seed {stored} of the '
+                  f"interrupted run (meta['seed'] of {checkpoint}), so the data order and "
+                  f'random augmentation continue as in that run.', logger='current',
+                  level=logging.INFO)
+        return dict(randomness, seed=stored)
+    if int(config_seed) != stored:
+        print_log(f'--resume: the config sets randomness.seed={config_seed} but the '
+                  f"interrupted run used seed {stored} (meta['seed'] of {checkpoint}); "
+                  f'keeping {config_seed}, so the data order and random augmentation after the '
+                  f'resumed iteration differ from the interrupted run: the resume is not exact. '
+                  f'Set randomness.seed={stored} (or remove it) to continue exactly.',
+                  logger='current', level=logging.WARNING)
+    return randomness

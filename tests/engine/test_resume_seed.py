@@ -1,0 +1,123 @@
+"""``--resume`` of a config without ``randomness.seed`` (every segmentation config) continues
+with the interrupted run's seed.
+
+mmengine draws a new seed per run when the config sets none, builds the train sampler with it
+(``BaseLoop.__init__``) and adopts the checkpoint's ``meta['seed']`` only in
+``Runner.resume``, after the sampler exists: the data order and the per-sample augmentation
+seeds of the resumed part came from a fresh seed.  ``build_runner`` now reads the seed from the
+checkpoint first (:func:`mmlinvit.engine.resume.resume_randomness`).
+
+The reference is an uninterrupted run of the same config with ``randomness.seed`` set to the
+seed read here, independently, from the interrupted run's checkpoint with ``torch.load``.
+"""
+import os.path as osp
+
+import pytest
+import torch
+
+from mmlinvit.engine.resume import resume_randomness
+from train_testing import RunStopped, dump, load_tool, make_toy_scenes, read_losses, toy_config
+
+
+pytestmark = pytest.mark.usefixtures('one_thread', 'cheap_config_dump')
+
+
+@pytest.fixture(scope='module')
+def toy_root(tmp_path_factory) -> str:
+    return make_toy_scenes(str(tmp_path_factory.mktemp('toy') / 'toy_ade'))
+
+
+def _train(cfg, tmp_path, name, work_dir, *flags, hooks=()):
+    """tools/train.py in this process; returns {iteration: losses}."""
+    record = str(tmp_path / f'{name}.jsonl')
+    path = dump(cfg, str(tmp_path / f'{name}.py'),
+                hooks=[dict(type='RecordLossesHook', path=record)] + list(hooks))
+    try:
+        load_tool('train').main([path, '--work-dir', work_dir, *flags])
+    except RunStopped:
+        pass
+    return read_losses(record).get(0, {})
+
+
+def _stored_seed(path: str) -> int:
+    return torch.load(path, map_location='cpu', weights_only=False)['meta']['seed']
+
+
+def test_resume_without_a_config_seed_continues_with_the_interrupted_runs_seed(
+        tmp_path, toy_root, capfd):
+    # 8 scenes, batch 2: 4 iterations per epoch; stopped mid-epoch, resumed across the epoch
+    # boundary (iteration 5 is the first of epoch 2: new shuffle, new sample seeds).
+    cfg = toy_config(toy_root, 'unused', max_iters=6, interval=3)
+    cfg.pop('randomness', None)  # as configs/_base_/default_runtime_seg.py
+    work_dir = str(tmp_path / 'run')
+    first = _train(cfg, tmp_path, 'first', work_dir, hooks=[dict(type='StopHook', after_iter=3)])
+    assert sorted(first) == [1, 2, 3]
+    checkpoint = osp.join(work_dir, 'iter_3.pth')
+    seed = _stored_seed(checkpoint)
+
+    capfd.readouterr()
+    resumed = _train(cfg, tmp_path, 'resumed', work_dir, '--resume')
+    output = ''.join(capfd.readouterr())
+    assert sorted(resumed) == [4, 5, 6], resumed
+
+    twin_cfg = cfg.copy()
+    twin_cfg.randomness = dict(seed=seed)
+    twin = _train(twin_cfg, tmp_path, 'twin', str(tmp_path / 'twin'))
+    assert sorted(twin) == list(range(1, 7))
+    for it in range(1, 7):  # the twin is the interrupted run, and the resumed run continues it
+        got = first[it] if it <= 3 else resumed[it]
+        for key, value in twin[it].items():
+            assert got[key] == value, (it, key, got[key], value)
+    assert _stored_seed(osp.join(work_dir, 'iter_6.pth')) == seed
+    assert (f"using seed {seed} of the interrupted run (meta['seed'] of {checkpoint})"
+            in output), output[-3000:]
+
+    # A config seed that differs from the checkpoint's is kept, with a warning naming both.
+    other = seed + 1
+    mismatched = cfg.copy()
+    mismatched.randomness = dict(seed=other)
+    train = load_tool('train')
+    path = dump(mismatched, str(tmp_path / 'mismatched.py'))
+    loaded = train.load_config(path)
+    train.prepare_train_config(loaded, path, work_dir=work_dir, resume=checkpoint)
+    capfd.readouterr()
+    runner = train.build_runner(loaded, mode='train')
+    output = ''.join(capfd.readouterr())
+    assert runner.seed == other
+    assert (f'the config sets randomness.seed={other} but the interrupted run used seed {seed}'
+            in output and 'the resume is not exact' in output), output[-3000:]
+
+
+def _checkpoint(path: str, seed, legacy: bool = False, extra=None) -> str:
+    meta = dict(epoch=0, iter=3, seed=seed)
+    torch.save(dict(meta=meta, state_dict={'w': torch.zeros(4)}, **(extra or {})), path,
+               _use_new_zipfile_serialization=not legacy)
+    return path
+
+
+class _NotAllowlisted:
+    """An object ``torch.load(weights_only=True)`` refuses."""
+
+
+@pytest.mark.parametrize('kind', ['zip', 'legacy', 'other-objects'])
+def test_resume_randomness_reads_the_seed_and_keeps_the_other_keys(tmp_path, kind, capfd):
+    path = _checkpoint(str(tmp_path / 'ckpt.pth'), 1234, legacy=kind == 'legacy',
+                       extra=dict(x=_NotAllowlisted()) if kind == 'other-objects' else None)
+    assert resume_randomness(None, path) == dict(seed=1234)
+    assert resume_randomness(dict(seed=None, diff_rank_seed=True, deterministic=True),
+                             path) == dict(seed=1234, diff_rank_seed=True, deterministic=True)
+    capfd.readouterr()
+    assert resume_randomness(dict(seed=1234, diff_rank_seed=True), path) == dict(
+        seed=1234, diff_rank_seed=True)
+    assert 'WARNING' not in ''.join(capfd.readouterr())
+    assert resume_randomness(dict(seed=7), path) == dict(seed=7)
+    output = ''.join(capfd.readouterr())
+    assert 'randomness.seed=7 but the interrupted run used seed 1234' in output
+    assert 'Set randomness.seed=1234' in output
+
+
+def test_resume_randomness_without_a_stored_seed_warns(tmp_path, capfd):
+    path = _checkpoint(str(tmp_path / 'ckpt.pth'), None)
+    capfd.readouterr()
+    assert resume_randomness(None, path) == dict(seed=None)
+    assert "records no seed (meta['seed'])" in ''.join(capfd.readouterr())
