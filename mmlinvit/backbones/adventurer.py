@@ -240,9 +240,11 @@ class Adventurer(TokenBackbone):
             first block (the public code shifts this schedule by one block).
         out_indices: Block indices whose outputs :meth:`forward` returns (negative allowed).
         out_type: ``'raw'`` (B, n + 1, C), ``'cls_token'`` (B, C), ``'avg_featmap'`` (B, C: mean
-            of patch tokens) or ``'featmap'`` (B, C, h, w).
+            of patch tokens), ``'featmap'`` (B, C, h, w) or ``'cls_avg'`` (class tokens of the
+            ``out_indices`` blocks and the last one's mean patch token, concatenated).
         norm_all_outputs: Apply ``norm_f`` to every returned block, not only the last one.
-        frozen_stages: Freeze the embeddings, tokens and the first ``frozen_stages`` blocks.
+        frozen_stages: Freeze the embeddings, tokens and the first ``frozen_stages`` blocks
+            (all of them: the final norm too).
         pretrained: Checkpoint path loaded by :meth:`init_weights`: a backbone file, a
             released model (``head.*`` dropped), a task-model checkpoint (``backbone.*``) or a
             ``mmlinvit.DistillationModel`` checkpoint (``student.*``; its connectors and

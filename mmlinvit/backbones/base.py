@@ -27,7 +27,7 @@ import torch.nn as nn
 from mmlinvit.layers.pos_embed import infer_square_grid, resample_pos_grid
 from mmlinvit.ops.graph_capture import capturing_graph
 from .checkpointing import run_block
-from .outputs import format_tokens, resolve_out_indices
+from .outputs import check_output_setting, combine_outputs, format_tokens, resolve_out_indices
 
 
 class TokenBackbone(nn.Module):
@@ -59,6 +59,7 @@ class TokenBackbone(nn.Module):
     def _finish_init(self, out_indices: Union[int, Sequence[int]]) -> None:
         """Resolves ``out_indices``, initialises, hooks position grids and freezes."""
         self.out_indices = resolve_out_indices(out_indices, self.num_layers)
+        self._check_output_setting()
         self._init_parameters()
         self._register_load_state_dict_pre_hook(self._check_training_records_on_load)
         self._register_load_state_dict_pre_hook(self._adapt_pos_embed_on_load)
@@ -119,6 +120,9 @@ class TokenBackbone(nn.Module):
                 part.requires_grad_(False)
             elif isinstance(part, nn.Module):
                 modules.append(part)
+        if self.frozen_stages >= len(self.block_list):
+            # every block frozen: the final norm too (a linear probe), as mmpretrain's ViT
+            modules.append(self.final_norm)
         for mod in modules + list(self.block_list[:self.frozen_stages]):
             mod.eval()
             for p in mod.parameters():
@@ -327,6 +331,12 @@ class TokenBackbone(nn.Module):
         """(position of the class token, slice of the patch tokens) in the token sequence."""
         raise NotImplementedError
 
+    def _check_output_setting(self) -> None:
+        """Refuses an ``out_type`` this model cannot give
+        (:func:`.outputs.check_output_setting`)."""
+        check_output_setting(self.out_type, self.out_indices, self.num_layers,
+                             self.cls_token is not None, self.norm_all_outputs)
+
     def format_output(self, tokens: torch.Tensor, hw_shape: Tuple[int, int]) -> torch.Tensor:
         """Turns (B, N, C) tokens into the configured ``out_type``."""
         cls_index, patches = self.token_layout
@@ -351,8 +361,11 @@ class TokenBackbone(nn.Module):
         """Outputs of the blocks in ``out_indices``, formatted by ``out_type``.
 
         The last block's output is always normalised; the others only with
-        ``norm_all_outputs``.
+        ``norm_all_outputs``.  ``out_type='cls_avg'`` returns one tensor, DINOv2's linear
+        input over the ``out_indices`` blocks (:func:`.outputs.combine_outputs`).
         """
+        if self.out_type == 'cls_avg':
+            self._check_output_setting()  # out_type / out_indices may be set after __init__
         tokens, hw_shape = self.prepare_tokens(x)
         args = self._block_args(hw_shape)
         outs = []
@@ -362,7 +375,7 @@ class TokenBackbone(nn.Module):
             if i in self.out_indices:
                 out = self.final_norm(tokens) if (i == last or self.norm_all_outputs) else tokens
                 outs.append(self.format_output(out, hw_shape))
-        return tuple(outs)
+        return combine_outputs(outs, self.out_type)
 
     # ------------------------------------------------------------------ optimisation helpers
     def get_layer_depth(self, param_name: str, prefix: str = '') -> Tuple[int, int]:

@@ -81,11 +81,15 @@ class VisionTransformer(TokenBackbone):
         drop_path_rate: Maximum stochastic depth rate (linearly increasing).
         out_indices: Block indices whose outputs are returned (negative allowed).
         out_type: ``'raw'`` (B, N, C), ``'cls_token'`` (B, C), ``'avg_featmap'`` (B, C: mean
-            of patch tokens) or ``'featmap'`` (B, C, h, w).  ``None``: ``'cls_token'`` with a
-            class token, else ``'avg_featmap'``.
+            of patch tokens), ``'featmap'`` (B, C, h, w) or ``'cls_avg'`` (one (B, (n + 1) C)
+            tensor: the class tokens of the n ``out_indices`` blocks and the mean patch token
+            of the last, DINOv2's linear-evaluation input; see
+            :func:`mmlinvit.backbones.outputs.combine_outputs`).  ``None``: ``'cls_token'``
+            with a class token, else ``'avg_featmap'``.
         norm_all_outputs: Apply the final norm to every returned block (segmentation on
             DINOv2 features), not only to the last one.
-        frozen_stages: Freeze patch embedding, tokens and the first ``frozen_stages`` blocks.
+        frozen_stages: Freeze patch embedding, tokens and the first ``frozen_stages`` blocks
+            (all of them: the final norm too).
         pretrained: Checkpoint path (any layout :mod:`mmlinvit.converters` handles) loaded in
             :meth:`init_weights`.
         checkpoint_layout: Source layout (``'auto'`` detects it).

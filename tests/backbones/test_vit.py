@@ -99,6 +99,12 @@ def test_frozen_stages():
     assert 'blocks.2.attn.qkv.weight' not in frozen
     model.train()
     assert not model.blocks[0].training and model.blocks[2].training
+    assert model.norm.weight.requires_grad  # the final norm trains while a block does
+    probe = VisionTransformer(TINY, family='deit', img_size=32, patch_size=8,
+                              frozen_stages=TINY['num_layers'])
+    assert not any(p.requires_grad for p in probe.parameters())  # final norm included
+    probe.train()
+    assert not probe.norm.training
 
 
 def test_arch_zoo_sizes_build_on_meta_device():

@@ -15,9 +15,8 @@ import sys
 import pytest
 
 from torchrun_retry import run_multiprocess
-from train_testing import (REPO, RunStopped, dump, env_for_subprocess, load_tool,
-                           make_image_folder, make_toy_scenes, read_losses, toy_cls_config,
-                           toy_config)
+from train_testing import (REPO, dump, env_for_subprocess, make_image_folder, make_toy_scenes,
+                           read_losses, toy_cls_config, toy_config, train_in_process)
 
 
 pytestmark = pytest.mark.usefixtures('one_thread')
@@ -26,18 +25,6 @@ pytestmark = pytest.mark.usefixtures('one_thread')
 @pytest.fixture(scope='module')
 def toy_root(tmp_path_factory) -> str:
     return make_toy_scenes(str(tmp_path_factory.mktemp('toy') / 'toy_ade'))
-
-
-def _train(cfg, tmp_path, name, work_dir, *flags, hooks=()):
-    """tools/train.py in this process; returns {iteration: losses} of rank 0."""
-    record = str(tmp_path / f'{name}.jsonl')
-    path = dump(cfg, str(tmp_path / f'{name}.py'),
-                hooks=[dict(type='RecordLossesHook', path=record)] + list(hooks))
-    try:
-        load_tool('train').main([path, '--work-dir', work_dir, *flags])
-    except RunStopped:
-        pass
-    return read_losses(record).get(0, {})
 
 
 def _assert_same(resumed, full, first, last, what):
@@ -51,13 +38,13 @@ def test_resume_is_exact_in_one_process(tmp_path, toy_root):
     def cfg(num_workers):
         return toy_config(toy_root, 'unused', max_iters=10, interval=4, num_workers=num_workers)
 
-    full0 = _train(cfg(0), tmp_path, 'full0', str(tmp_path / 'full0'))
-    full2 = _train(cfg(2), tmp_path, 'full2', str(tmp_path / 'full2'))
+    full0 = train_in_process(cfg(0), tmp_path, 'full0', str(tmp_path / 'full0'))
+    full2 = train_in_process(cfg(2), tmp_path, 'full2', str(tmp_path / 'full2'))
     assert sorted(full0) == list(range(1, 11))
     _assert_same(full2, full0, 1, 10, 'num_workers 2 vs 0')
 
     stopped = str(tmp_path / 'stopped')
-    first = _train(cfg(2), tmp_path, 'first', stopped,
+    first = train_in_process(cfg(2), tmp_path, 'first', stopped,
                    hooks=[dict(type='StopHook', after_iter=8)])
     assert sorted(first) == list(range(1, 9))
     assert osp.isfile(osp.join(stopped, 'iter_8.pth'))
@@ -66,7 +53,7 @@ def test_resume_is_exact_in_one_process(tmp_path, toy_root):
         shutil.copytree(stopped, work_dir)
         with open(osp.join(work_dir, 'last_checkpoint'), 'w') as f:
             f.write(osp.join(work_dir, 'iter_8.pth'))
-        resumed = _train(cfg(num_workers), tmp_path, f'resumed{num_workers}', work_dir,
+        resumed = train_in_process(cfg(num_workers), tmp_path, f'resumed{num_workers}', work_dir,
                          '--resume')
         assert sorted(resumed) == [9, 10], resumed
         _assert_same(resumed, full0, 9, 10, f'resumed, num_workers={num_workers}')
@@ -78,11 +65,11 @@ def test_epoch_based_mmpretrain_resume_is_exact(tmp_path):
     def cfg(num_workers):
         return toy_cls_config(data, 'unused', max_epochs=2, num_workers=num_workers)
 
-    full = _train(cfg(0), tmp_path, 'full', str(tmp_path / 'full'))
+    full = train_in_process(cfg(0), tmp_path, 'full', str(tmp_path / 'full'))
     assert sorted(full) == list(range(1, 9))  # 8 images, batch 2: 4 iterations per epoch
     work_dir = str(tmp_path / 'run')
-    _train(cfg(2), tmp_path, 'first', work_dir, hooks=[dict(type='StopHook', after_epoch=1)])
-    resumed = _train(cfg(2), tmp_path, 'resumed', work_dir, '--resume')
+    train_in_process(cfg(2), tmp_path, 'first', work_dir, hooks=[dict(type='StopHook', after_epoch=1)])
+    resumed = train_in_process(cfg(2), tmp_path, 'resumed', work_dir, '--resume')
     assert sorted(resumed) == [5, 6, 7, 8]
     _assert_same(resumed, full, 5, 8, 'epoch 2 after resume')
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from mmlinvit.engine.resume import resume_randomness
-from train_testing import RunStopped, dump, load_tool, make_toy_scenes, read_losses, toy_config
+from train_testing import dump, load_tool, make_toy_scenes, toy_config, train_in_process
 
 
 pytestmark = pytest.mark.usefixtures('one_thread', 'cheap_config_dump')
@@ -25,18 +25,6 @@ pytestmark = pytest.mark.usefixtures('one_thread', 'cheap_config_dump')
 @pytest.fixture(scope='module')
 def toy_root(tmp_path_factory) -> str:
     return make_toy_scenes(str(tmp_path_factory.mktemp('toy') / 'toy_ade'))
-
-
-def _train(cfg, tmp_path, name, work_dir, *flags, hooks=()):
-    """tools/train.py in this process; returns {iteration: losses}."""
-    record = str(tmp_path / f'{name}.jsonl')
-    path = dump(cfg, str(tmp_path / f'{name}.py'),
-                hooks=[dict(type='RecordLossesHook', path=record)] + list(hooks))
-    try:
-        load_tool('train').main([path, '--work-dir', work_dir, *flags])
-    except RunStopped:
-        pass
-    return read_losses(record).get(0, {})
 
 
 def _stored_seed(path: str) -> int:
@@ -50,19 +38,19 @@ def test_resume_without_a_config_seed_continues_with_the_interrupted_runs_seed(
     cfg = toy_config(toy_root, 'unused', max_iters=6, interval=3)
     cfg.pop('randomness', None)  # as configs/_base_/default_runtime_seg.py
     work_dir = str(tmp_path / 'run')
-    first = _train(cfg, tmp_path, 'first', work_dir, hooks=[dict(type='StopHook', after_iter=3)])
+    first = train_in_process(cfg, tmp_path, 'first', work_dir, hooks=[dict(type='StopHook', after_iter=3)])
     assert sorted(first) == [1, 2, 3]
     checkpoint = osp.join(work_dir, 'iter_3.pth')
     seed = _stored_seed(checkpoint)
 
     capfd.readouterr()
-    resumed = _train(cfg, tmp_path, 'resumed', work_dir, '--resume')
+    resumed = train_in_process(cfg, tmp_path, 'resumed', work_dir, '--resume')
     output = ''.join(capfd.readouterr())
     assert sorted(resumed) == [4, 5, 6], resumed
 
     twin_cfg = cfg.copy()
     twin_cfg.randomness = dict(seed=seed)
-    twin = _train(twin_cfg, tmp_path, 'twin', str(tmp_path / 'twin'))
+    twin = train_in_process(twin_cfg, tmp_path, 'twin', str(tmp_path / 'twin'))
     assert sorted(twin) == list(range(1, 7))
     for it in range(1, 7):  # the twin is the interrupted run, and the resumed run continues it
         got = first[it] if it <= 3 else resumed[it]

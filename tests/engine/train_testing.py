@@ -9,7 +9,7 @@ import json
 import math
 import os
 import os.path as osp
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import torch
 from mmengine.config import Config
@@ -142,6 +142,24 @@ def dump(cfg: Config, path: str, hooks: Optional[List[dict]] = None) -> str:
         cfg.custom_imports = dict(imports=['train_testing'], allow_failed_imports=False)
     cfg.dump(path)
     return path
+
+
+def train_in_process(cfg: Config, tmp_path, name: str, work_dir: str, *flags: str,
+                     hooks: Sequence[dict] = ()) -> Dict[int, Dict[str, float]]:
+    """``tools/train.py`` in this process with a loss recorder; a ``RunStopped`` interruption
+    ends it quietly.
+
+    Returns:
+        {iteration: losses} of rank 0.
+    """
+    record = str(tmp_path / f'{name}.jsonl')
+    path = dump(cfg, str(tmp_path / f'{name}.py'),
+                hooks=[dict(type='RecordLossesHook', path=record)] + list(hooks))
+    try:
+        load_tool('train').main([path, '--work-dir', work_dir, *flags])
+    except RunStopped:
+        pass
+    return read_losses(record).get(0, {})
 
 
 def read_losses(path: str) -> Dict[int, Dict[int, Dict[str, float]]]:
