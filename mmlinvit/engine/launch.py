@@ -354,6 +354,12 @@ def seed_samples_of_train_loader(cfg: Config) -> bool:
                   'random augmentation is not put on per-sample streams, so --resume will '
                   'not reproduce it exactly', logger='current', level=logging.WARNING)
         return False
+    if (cfg.get('randomness', None) or {}).get('diff_rank_seed', False):
+        # mmengine then builds the sampler with seed=None: a fresh shuffle seed every run
+        print_log('randomness.diff_rank_seed=True: mmengine builds the train sampler without '
+                  'the run seed, so the data order after --resume differs from the '
+                  'interrupted run (set diff_rank_seed=False for an exact resume)',
+                  logger='current', level=logging.WARNING)
     loader['dataset'] = dict(type='mmlinvit.SampleSeedDataset', dataset=dataset)
     loader['sampler'] = dict(type='mmlinvit.SampleSeedSampler', sampler=sampler)
     return True

@@ -109,3 +109,16 @@ def test_resume_randomness_without_a_stored_seed_warns(tmp_path, capfd):
     capfd.readouterr()
     assert resume_randomness(None, path) == dict(seed=None)
     assert "records no seed (meta['seed'])" in ''.join(capfd.readouterr())
+
+
+def test_diff_rank_seed_warns_that_resume_is_not_exact(capfd):
+    """mmengine builds the sampler without the run seed under diff_rank_seed=True."""
+    from mmengine.config import Config
+
+    from mmlinvit.engine.launch import seed_samples_of_train_loader
+    loader = dict(dataset=dict(type='ToyDataset'), sampler=dict(type='DefaultSampler'))
+    for diff, warned in ((False, False), (True, True)):
+        cfg = Config(dict(train_dataloader=dict(loader), randomness=dict(diff_rank_seed=diff)))
+        capfd.readouterr()
+        assert seed_samples_of_train_loader(cfg)
+        assert ('diff_rank_seed' in ''.join(capfd.readouterr())) is warned
