@@ -58,3 +58,4 @@ default_hooks = dict(
     visualization=dict(type='SegVisualizationHook'))
 randomness = dict(seed=0)
 env_cfg = dict(cudnn_benchmark=False)
+auto_scale_lr = dict(enable=False, base_batch_size=8)  # 1 GPU x 8 images

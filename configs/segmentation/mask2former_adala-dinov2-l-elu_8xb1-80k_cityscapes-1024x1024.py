@@ -13,3 +13,4 @@ train_pipeline = [
 ]
 train_dataloader = dict(batch_size=1, dataset=dict(pipeline=train_pipeline))
 model = dict(test_cfg=dict(crop_size=(1022, 1022), stride=(682, 682)))
+auto_scale_lr = dict(enable=False, base_batch_size=8)  # 8 GPUs x 1 image

@@ -30,5 +30,5 @@ model = dict(
         pretrained=teacher_checkpoint),
     test_cfg=dict(mode='whole', crop_size=(512, 512), stride=(341, 341)))
 train_dataloader = dict(batch_size=2)
-# MAE/BEiT-B UPerNet recipe: AdamW 1e-4, wd 0.05, layer decay 0.65, batch 16.
+# mmseg MAE-B UPerNet recipe: AdamW 1e-4, wd 0.05, layer decay 0.65, batch 16.
 optim_wrapper = dict(optimizer=dict(lr=1e-4), paramwise_cfg=dict(layer_decay_rate=0.65))

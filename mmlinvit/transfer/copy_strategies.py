@@ -7,11 +7,13 @@ of the student keeps its own initialisation.  Per block, the canonical keys are 
 =============  =====================================================================
 ``random``     copies nothing.
 ``copy``       ``blocks.i.attn.qkv.{weight,bias}`` only (the paper's "Copy (QKV)").
-``mlp_copy``   ``blocks.i.mlp.*`` and ``blocks.i.norm2.*`` only (the MLP sub-blocks and
-               their norms); patch embedding, class token and position embedding stay
-               random, as in the paper.  ``include_layer_scale=True`` also copies
-               ``blocks.i.ls2.gamma`` (DeiT-III / DINOv2 teachers, where the MLP branch
-               is scaled by it).
+``mlp_copy``   ``blocks.i.mlp.*`` and ``blocks.i.norm2.*`` (the MLP sub-blocks and their
+               norms) and, when the teacher has LayerScale (DeiT-III / DINOv2),
+               ``blocks.i.ls2.gamma``: the MLP branch is scaled by it, so a copied MLP
+               under the student's own gamma (1e-5 at init) would contribute ~1e-5 of the
+               teacher's branch.  Patch embedding, class token and position embedding stay
+               random, as in the paper (whose DeiT / MAE teachers have no LayerScale).
+               ``include_layer_scale=False`` leaves the gamma at its initialisation.
 ``full_copy``  every tensor with a counterpart: patch embedding, class / register
                tokens, position embedding, ``pre_norm``, ``norm1``/``norm2``, QKV,
                output projection, LayerScale, MLP and the final ``norm``.
@@ -52,12 +54,14 @@ class MLPCopy(TransferStrategy):
     """Copies the MLP (``mlp.*``) and its pre-norm (``norm2``) of every block.
 
     Args:
-        include_layer_scale: Also copy ``ls2.gamma`` (the MLP branch's LayerScale).
+        include_layer_scale: Also copy ``ls2.gamma`` (the MLP branch's LayerScale) where the
+            teacher has it; without it the copied MLP keeps the student's initial gamma and
+            its branch is scaled down by that (1e-5 for DINOv2).
     """
 
     name = 'mlp_copy'
 
-    def __init__(self, include_layer_scale: bool = False) -> None:
+    def __init__(self, include_layer_scale: bool = True) -> None:
         self.include_layer_scale = include_layer_scale
 
     def selects(self, key: str) -> bool:

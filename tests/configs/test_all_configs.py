@@ -116,3 +116,18 @@ def test_one_base_for_the_adala_stage3_backbone():
         with open(osp.join(CONFIG_ROOT, rel)) as f:
             text = f.read()
         assert 'LinearVisionTransformer' not in text, f'{rel} pastes the backbone again'
+
+
+@pytest.mark.parametrize('rel', MODEL_CONFIGS)
+def test_lr_scaling_is_off_and_can_be_switched_on(rel):
+    """README: `--cfg-options auto_scale_lr.enable=True` rescales the lr to the real batch;
+    mmengine needs the config's base_batch_size for that, which must equal the config name's
+    GPUs x images (e.g. 8xb2 -> 16)."""
+    import re
+    cfg = Config.fromfile(osp.join(CONFIG_ROOT, rel))
+    scale = cfg.get('auto_scale_lr', None)
+    assert scale is not None and 'base_batch_size' in scale, rel
+    assert not scale.get('enable', False), rel
+    match = re.search(r'_(\d+)xb(\d+)-', osp.basename(rel))
+    if match and rel.startswith(('segmentation/', 'adala/mask2former', 'linearizer/upernet')):
+        assert scale['base_batch_size'] == int(match.group(1)) * int(match.group(2)), rel

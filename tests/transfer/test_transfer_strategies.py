@@ -115,10 +115,25 @@ def test_state_dict_teacher_equals_module_teacher(teacher):
 def test_mlp_copy_layer_scale_option():
     teacher = randomized(VisionTransformer(TINY, family='deit3', **COMMON))
     student = VisionTransformer(TINY, family='deit3', attn_cfg='elu', **COMMON)
-    plain = transfer_weights(student, teacher, 'mlp_copy')
+    plain = transfer_weights(student, teacher, 'mlp_copy', include_layer_scale=False)
     assert not any('.ls2.' in k for k in plain.copied)
-    with_ls = transfer_weights(student, teacher, 'mlp_copy', include_layer_scale=True)
+    with_ls = transfer_weights(student, teacher, 'mlp_copy')
     assert with_ls.copied - plain.copied == {'blocks.0.ls2.gamma', 'blocks.1.ls2.gamma'}
+
+
+@pytest.mark.parametrize('family', ['dinov2', 'deit3'])
+def test_mlp_copy_reproduces_the_teachers_mlp_branch(family):
+    """By default the copied MLP branch of a LayerScale teacher computes what the teacher's
+    does: ls2(mlp(norm2(x))), written out here from the teacher's modules."""
+    teacher = randomized(VisionTransformer(TINY, family=family, **COMMON))
+    student = VisionTransformer(TINY, family=family, attn_cfg='elu', **COMMON)
+    transfer_weights(student, teacher, 'mlp_copy')
+    x = torch.randn(2, 5, TINY['embed_dims'])
+    for t_block, s_block in zip(teacher.blocks, student.blocks):
+        expected = t_block.ls2.gamma * t_block.mlp(t_block.norm2(x))
+        got = s_block.ls2(s_block.mlp(s_block.norm2(x)))
+        torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+        assert expected.abs().mean() > 1e-2  # gamma of the randomized teacher, not 1e-5
 
 
 def test_full_copy_registers_layer_scale_pre_norm_and_missing_mask_token():

@@ -21,3 +21,6 @@ default_hooks = dict(
                     save_best='mIoU'),
     sampler_seed=dict(type='DistSamplerSeedHook'),
     visualization=dict(type='SegVisualizationHook'))
+# The configured lr belongs to a total batch of 16 (8 GPUs x 2); off by default, as in the
+# other schedules: --cfg-options auto_scale_lr.enable=True rescales it to the real batch.
+auto_scale_lr = dict(enable=False, base_batch_size=16)

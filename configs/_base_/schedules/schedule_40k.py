@@ -6,3 +6,6 @@ param_scheduler = [
 ]
 train_cfg = dict(type='IterBasedTrainLoop', max_iters=40000, val_interval=4000)
 default_hooks = dict(checkpoint=dict(interval=4000))
+# The configured lr belongs to a total batch of 16 (8 GPUs x 2); off by default, as in the
+# other schedules: --cfg-options auto_scale_lr.enable=True rescales it to the real batch.
+auto_scale_lr = dict(enable=False, base_batch_size=16)
