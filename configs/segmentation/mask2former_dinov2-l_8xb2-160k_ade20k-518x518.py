@@ -56,5 +56,12 @@ model = dict(
 train_dataloader = dict(batch_size=2)
 optim_wrapper = dict(
     optimizer=dict(lr=2e-5, weight_decay=0.05),
-    paramwise_cfg=dict(layer_decay_rate=0.9),
+    # Mask2Former's query / level embeddings and output embeddings at the embeddings' lr,
+    # as ViT-Adapter's layer-decay constructor places them.
+    paramwise_cfg=dict(
+        layer_decay_rate=0.9,
+        first_depth_names=[
+            'decode_head.query_embed', 'decode_head.query_feat', 'decode_head.level_embed',
+            'decode_head.cls_embed', 'decode_head.mask_embed'
+        ]),
     clip_grad=dict(max_norm=0.01, norm_type=2))

@@ -1,4 +1,4 @@
-"""Which parameters of each config's model get weight decay, through the real optimizer.
+"""Weight decay (and Mask2Former's embedding lr) of each config's model, via the optimizer.
 
 Norms, biases and LayerScale (1-D), class / register / mask tokens and position embeddings
 train without weight decay in every config (mmpretrain's ViT recipes, DeiT, the public
@@ -46,3 +46,19 @@ def test_tokens_norms_and_biases_are_not_decayed(rel):
     matrices = [n for n in decay if n not in wrong and model.get_parameter(n).ndim >= 2
                 and not any(k in n.split('.')[-1] for k in NO_DECAY)]
     assert all(decay[n] == pytest.approx(base) for n in matrices), rel
+
+
+def test_mask2former_config_places_queries_as_vit_adapter():
+    cfg, model_cfg = model_config('segmentation/mask2former_dinov2-l_8xb2-160k_ade20k-518x518.py')
+    init_default_scope(cfg.default_scope)
+    shrink_width(model_cfg)
+    model = MODELS.build(model_cfg)
+    optimizer = build_optim_wrapper(model, cfg.optim_wrapper).optimizer
+    lr_of = {n: g['lr'] for g in optimizer.param_groups for n in g['param_names']}
+    base = cfg.optim_wrapper.optimizer.lr
+    stem = base * 0.9**25  # ViT-L: 24 blocks + stem + head = 26 depths
+    for name in ('decode_head.query_embed.weight', 'decode_head.query_feat.weight',
+                 'decode_head.level_embed.weight', 'decode_head.cls_embed.weight',
+                 'backbone.pos_embed'):
+        assert lr_of[name] == pytest.approx(stem), name
+    assert lr_of['decode_head.pixel_decoder.input_convs.0.conv.weight'] == pytest.approx(base)

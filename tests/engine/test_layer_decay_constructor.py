@@ -79,6 +79,20 @@ def test_frozen_parameters_are_left_out():
     assert sorted(names) == sorted(n for n, _ in model.student.named_parameters(prefix='student'))
 
 
+def test_first_depth_names_put_head_parameters_at_the_embeddings_lr():
+    """ViT-Adapter's Mask2Former recipe: query / level embeddings at layer 0."""
+    model = TinySegmentor()
+    model.query_embed = nn.Embedding(4, 16)
+    optimizer = _build(model, 0.5, first_depth_names=['query_embed'])
+    lr_of = {n: g['lr'] for g in optimizer.param_groups for n in g['param_names']}
+    wd_of = {n: g['weight_decay'] for g in optimizer.param_groups for n in g['param_names']}
+    assert lr_of['query_embed.weight'] == lr_of['backbone.cls_token'] == pytest.approx(0.5**4)
+    assert wd_of['query_embed.weight'] == 0.1  # a 2-D weight keeps its weight decay
+    assert lr_of['head.weight'] == 1.0
+    with pytest.raises(KeyError, match=r"first_depth_names \['level_embed'\] match no"):
+        _build(model, 0.5, first_depth_names=['query_embed', 'level_embed'])
+
+
 def test_missing_backbone_and_rate_are_clear_errors():
     with pytest.raises(AttributeError, match='student.backbone'):
         _build(TinySegmentor(), 0.5, backbone='student.backbone')

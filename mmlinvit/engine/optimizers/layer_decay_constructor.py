@@ -33,6 +33,10 @@ class LayerDecayOptimWrapperConstructor(DefaultOptimWrapperConstructor):
     - ``no_weight_decay_names`` (sequence of str): name fragments with weight decay 0
       (default :data:`DEFAULT_NO_DECAY_NAMES`); 1-D parameters (biases, norms, LayerScale)
       never get weight decay.
+    - ``first_depth_names`` (sequence of str, default none): name fragments of parameters
+      outside the backbone that take depth 0 (the embeddings' learning rate) instead of the
+      last depth, e.g. Mask2Former's query / level embeddings, as ViT-Adapter's constructor
+      places ``decode_head.{query_embed, query_feat, level_embed, cls_embed, mask_embed}``.
 
     Parameters outside the backbone (neck, head, distillation connectors) take the last depth,
     i.e. the full learning rate.  Frozen parameters (``requires_grad=False``: a distillation
@@ -49,17 +53,19 @@ class LayerDecayOptimWrapperConstructor(DefaultOptimWrapperConstructor):
         if 'layer_decay_rate' not in paramwise_cfg:
             raise KeyError('LayerDecayOptimWrapperConstructor needs paramwise_cfg.layer_decay_rate '
                            '(e.g. paramwise_cfg=dict(layer_decay_rate=0.9))')
-        unknown = set(paramwise_cfg) - {'layer_decay_rate', 'backbone', 'no_weight_decay_names'}
+        known = {'layer_decay_rate', 'backbone', 'no_weight_decay_names', 'first_depth_names'}
+        unknown = set(paramwise_cfg) - known
         if unknown:
             raise KeyError(f'Unknown paramwise_cfg keys {sorted(unknown)} for '
-                           f'LayerDecayOptimWrapperConstructor; supported: layer_decay_rate, '
-                           f'backbone, no_weight_decay_names')
+                           f'LayerDecayOptimWrapperConstructor; supported: {sorted(known)}')
         self.layer_decay_rate = float(paramwise_cfg['layer_decay_rate'])
         if not 0.0 < self.layer_decay_rate <= 1.0:
             raise ValueError(f'layer_decay_rate must be in (0, 1], got {self.layer_decay_rate}')
         self.backbone_path = str(paramwise_cfg.get('backbone', 'backbone'))
         self.no_weight_decay_names: Tuple[str, ...] = tuple(
             paramwise_cfg.get('no_weight_decay_names', DEFAULT_NO_DECAY_NAMES))
+        self.first_depth_names: Tuple[str, ...] = tuple(
+            paramwise_cfg.get('first_depth_names', ()))
         # The parent only validates/stores; our keys are consumed above.
         super().__init__(optim_wrapper_cfg, paramwise_cfg=None)
         self.paramwise_cfg = paramwise_cfg
@@ -99,8 +105,15 @@ class LayerDecayOptimWrapperConstructor(DefaultOptimWrapperConstructor):
                     raise ValueError(f'get_layer_depth({name!r}) returned ({depth}, {total}); '
                                      f'expected 0 <= depth < {num_depths}')
                 depths[name] = (depth, total)
+            elif any(frag in name for frag in self.first_depth_names):
+                depths[name] = (0, num_depths)
             else:
                 depths[name] = (num_depths - 1, num_depths)
+        unused = [frag for frag in self.first_depth_names
+                  if not any(frag in name and name not in backbone_names for name in depths)]
+        if unused:
+            raise KeyError(f'paramwise_cfg.first_depth_names {unused} match no parameter '
+                           f'outside {self.backbone_path!r}')
         return depths
 
     def _no_weight_decay(self, name: str, ndim: int) -> bool:
