@@ -21,10 +21,17 @@ import torch.nn.functional as F
 
 from mmlinvit.utils.benchmarking import rel_err
 
-# Relative Frobenius error bounds (fp32: IEEE dots; bf16: TF32 dots + output rounding).
-TOL_LA = {torch.float32: 1e-4, torch.float16: 4e-3, torch.bfloat16: 2e-2}
-TOL_SSD = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 2e-2}
-TOL_SSD_DA = {torch.float32: 5e-3, torch.float16: 2e-2, torch.bfloat16: 5e-2}
+# Relative Frobenius error bounds of the output and every gradient (fp32: IEEE dots; 16-bit:
+# the rounding of the 16-bit output / gradients and of the 16-bit upstream gradient).  bf16
+# measured on an H200: at most 0.0028 (output ~0.0017, gradients ~0.0025; dA of the SSD scan
+# below); in the Triton interpreter (--dry-run, tiny shapes) at most 0.0041.  6e-3 leaves
+# ~2x over the hardware and ~1.5x over the interpreter: an error of a few tenths of a percent
+# on top of the rounding (a wrong scale, a lost term) fails.
+TOL_LA = {torch.float32: 1e-4, torch.float16: 4e-3, torch.bfloat16: 6e-3}
+TOL_SSD = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 6e-3}
+# dA sums over every token: a larger rounding error (bf16 0.0027-0.0056 in the later H200 runs;
+# 0.02-0.05 in the first, before its products were split into hi + lo parts).
+TOL_SSD_DA = {torch.float32: 5e-3, torch.float16: 2e-2, torch.bfloat16: 1e-2}
 #: The SSD scan's output and gradients, in the order of the check's errors.
 SSD_NAMES = ('y', 'dx', 'ddt', 'dA', 'dB', 'dC', 'dD')
 
