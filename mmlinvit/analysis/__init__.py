@@ -4,7 +4,9 @@ comparisons on real photos and attention-output gaps, training curves, the compa
 The back ends of single tools are imported on their own: :mod:`.kernel_checks` (Triton kernels
 vs PyTorch paths, ``gpu_suite``), :mod:`.layer_sensitivity` (which layers to linearize) and
 :mod:`.distill_weight_sweep` (tables of the distillation-weight sweep) and :mod:`.sass_report`
-(the Triton kernels' sm_90 machine code, compiled without a GPU).
+(the Triton kernels' sm_90 machine code, compiled without a GPU), and the package
+:mod:`.gpu_suite` (the sections, timing, SDPA backends, metadata and verdicts of
+``tools/analysis/gpu_suite.py``).
 """
 from .attention_gaps import (attention_gap, attention_output_stats, feature_gap,
                              relative_mse)

@@ -5,7 +5,8 @@ paths, forward and backward); its timings are not.  This proves the GPU script r
 end - kernels, timing loops, backbones, JSON and PNG - before a GPU is available.  The checks
 themselves (mmlinvit.analysis.kernel_checks) are shown to fail a wrong kernel, in bf16 too.
 The suite's bookkeeping (one failing case keeps the other rows, atomic JSON, ratios, verdicts,
-the peak-bandwidth table, ``$OUT``) is checked in-process against values written out here.
+the peak-bandwidth table, ``$OUT``) is checked in-process against values written out here; it
+lives in mmlinvit.analysis.gpu_suite, the script being the command line.
 """
 import importlib.util
 import json
@@ -20,6 +21,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from mmlinvit.analysis.gpu_suite.metadata import peak_bandwidth
+from mmlinvit.analysis.gpu_suite.op_sections import ssd_torch_vectorised
+from mmlinvit.analysis.gpu_suite.run import SuiteRun
+from mmlinvit.analysis.gpu_suite.verdicts import backbone_ratios, verdicts
 from mmlinvit.analysis.kernel_checks import check_linear_attention, check_ssd
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -106,20 +111,21 @@ def test_out_dir_defaults_to_out_env(suite, monkeypatch, tmp_path):
     assert suite.parse_args(['--out-dir', 'x']).out_dir == 'x'
 
 
-def test_peak_bandwidth_matches_the_exact_device_name(suite):
-    assert suite.peak_bandwidth('NVIDIA H200') == 4.8e12
-    assert suite.peak_bandwidth('NVIDIA H100 80GB HBM3') == 3.35e12
+def test_peak_bandwidth_matches_the_exact_device_name():
+    assert peak_bandwidth('NVIDIA H200') == 4.8e12
+    assert peak_bandwidth('NVIDIA H100 80GB HBM3') == 3.35e12
     # a substring match gave every H100 the SXM part's 3.35 TB/s
-    assert suite.peak_bandwidth('NVIDIA H100 PCIe') == 2.0e12
-    assert suite.peak_bandwidth('NVIDIA H100 NVL') is None
+    assert peak_bandwidth('NVIDIA H100 PCIe') == 2.0e12
+    assert peak_bandwidth('NVIDIA H100 NVL') is None
 
 
-def test_failed_case_keeps_its_row_and_the_json_is_written_atomically(suite, tmp_path):
+def test_failed_case_keeps_its_row_and_the_json_is_written_atomically(tmp_path):
     path = tmp_path / 'suite.json'
-    suite.OUTPUT.path = str(path)
+    run = SuiteRun(CPU)
+    run.path = str(path)
     rows = [{'N': 1024, 'triton ms': 0.5}]
-    suite.OUTPUT.result = {'errors': {}, 'linear_attention': rows}
-    assert suite.run_case('first', rows[:1], lambda: rows[0].update({'torch ms': 2.0}))
+    run.result = {'errors': {}, 'linear_attention': rows}
+    assert run.run_case('first', rows[:1], lambda: rows[0].update({'torch ms': 2.0}))
     assert json.loads(path.read_text())['linear_attention'] == [
         {'N': 1024, 'triton ms': 0.5, 'torch ms': 2.0}]
     row = {'N': 65536}
@@ -129,7 +135,7 @@ def test_failed_case_keeps_its_row_and_the_json_is_written_atomically(suite, tmp
         row['triton ms'] = 3.0  # measured before the failure: kept
         raise torch.cuda.OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB')
 
-    assert not suite.run_case('la triton N=65536', [row], out_of_memory)
+    assert not run.run_case('la triton N=65536', [row], out_of_memory)
     saved = json.loads(path.read_text())
     assert saved['linear_attention'][0]['torch ms'] == 2.0
     assert saved['linear_attention'][1] == {
@@ -139,7 +145,7 @@ def test_failed_case_keeps_its_row_and_the_json_is_written_atomically(suite, tmp
     assert sorted(p.name for p in tmp_path.iterdir()) == ['suite.json']
 
 
-def test_backbone_ratios_with_and_without_a_baseline(suite):
+def test_backbone_ratios_with_and_without_a_baseline():
     def row(model, role, ms, rounds, mem, size='1024x1024'):
         return {'pair': 'ViT-L/14', 'model': model, 'role': role, 'size': size, 'ms': ms,
                 'eager rounds ms': rounds, 'graph ms': ms / 2, 'act MiB': mem}
@@ -149,7 +155,7 @@ def test_backbone_ratios_with_and_without_a_baseline(suite):
             row('ViT-L/14 elu', 'linear', 5.5, [5.0, 8.0, 5.5], 30.0),
             # a size whose softmax model failed: no baseline
             row('ViT-L/14 elu', 'linear', 20.0, [20.0], 80.0, size='2048x2048')]
-    suite.backbone_ratios(rows)
+    backbone_ratios(rows)
     elu = rows[2]
     assert elu['speed x'] == pytest.approx(2.0)
     assert elu['graph speed x'] == pytest.approx(2.0)
@@ -161,7 +167,7 @@ def test_backbone_ratios_with_and_without_a_baseline(suite):
     assert 'speed x' not in rows[3] and 'mem frac' not in rows[3]
 
 
-def test_verdicts_judge_speed_and_memory_apart(suite):
+def test_verdicts_judge_speed_and_memory_apart():
     la_rows = [{'N': 4096, 'in L2': 'yes', 'HBM fwd': 0.9, 'BW from': 'graph/graph'},
                {'N': 16384, 'in L2': 'no', 'HBM fwd': 0.75, 'BW from': 'graph/graph'},
                {'N': 65536, 'in L2': 'no', 'HBM fwd': 0.6, 'BW from': 'eager/graph'}]
@@ -175,7 +181,7 @@ def test_verdicts_judge_speed_and_memory_apart(suite):
                    'graph speed x flash': None, 'mem frac': 0.5, 'act MiB': 64.5,
                    'eager speed x spread': [1.3, 1.36, 1.4],
                    'eager rounds ms': [12.0] * 10})]
-    lines = suite.verdicts(la_rows, bb_rows)
+    lines = verdicts(la_rows, bb_rows)
     assert lines[0].startswith('kernel HBM bandwidth')
     assert 'min 60% of peak at N=65536' in lines[0]
     assert 'EAGER' in lines[0] and lines[0].endswith('NOT met')
@@ -188,7 +194,7 @@ def test_verdicts_judge_speed_and_memory_apart(suite):
     assert 'MEMORY' in memory and '50%' in memory and memory.endswith('NOT met')
 
 
-def test_ssd_torch_timing_takes_the_vectorised_form(suite, monkeypatch):
+def test_ssd_torch_timing_takes_the_vectorised_form(monkeypatch):
     """Section 3 times the PyTorch scan in its vectorised chunk form, not the CPU-tuned
     inference loop; the switch is restored after the block, also after an exception."""
     from mmlinvit.analysis.kernel_checks import make_ssd_inputs
@@ -201,11 +207,11 @@ def test_ssd_torch_timing_takes_the_vectorised_form(suite, monkeypatch):
         raise AssertionError('the inference form was timed')
 
     monkeypatch.setattr(torch_impl, '_scan_inference', no_inference_form)
-    with suite.ssd_torch_vectorised(), torch.no_grad():
+    with ssd_torch_vectorised(), torch.no_grad():
         got = ssd_scan_torch(*leaves, chunk_size=16)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
     assert torch_impl.INFERENCE_FORM is True
-    with pytest.raises(ZeroDivisionError), suite.ssd_torch_vectorised():
+    with pytest.raises(ZeroDivisionError), ssd_torch_vectorised():
         1 / 0
     assert torch_impl.INFERENCE_FORM is True
 
@@ -272,14 +278,15 @@ def test_gpu_suite_failing_case_keeps_the_other_rows(tmp_path):
         spec = importlib.util.spec_from_file_location('gpu_suite', {str(SUITE)!r})
         suite = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(suite)
-        make_qkv = suite.make_qkv
+        from mmlinvit.analysis.gpu_suite import op_sections
+        make_qkv = op_sections.make_qkv
 
         def failing(n, *args, **kwargs):
             if n == 130:
                 raise torch.cuda.OutOfMemoryError('CUDA out of memory (injected)')
             return make_qkv(n, *args, **kwargs)
 
-        suite.make_qkv = failing
+        op_sections.make_qkv = failing  # the inputs of section 2's cases
         sys.exit(suite.main(['--dry-run', '--out-dir', {str(tmp_path)!r},
                              '--sections', 'la', 'ssd']))
     """)
