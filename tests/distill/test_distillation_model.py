@@ -377,3 +377,18 @@ def test_batch_augments_of_the_model_preprocessor_run_for_the_student():
     assert all(s.gt_score.shape == (3, ) for s in data['data_samples'])
     assert any(0 < s.gt_score.max() < 1 for s in data['data_samples'])
     assert torch.isfinite(model.loss(**data)['student.loss'])
+
+
+def test_patch_tokens_only_needs_the_token_layouts():
+    """Without the layouts the loss would treat the class token as a patch (silently)."""
+    cfg = attn_out_model()
+    cfg['distill_losses']['attn_out']['loss']['patch_tokens_only'] = True
+    with pytest.raises(DistillationConfigError,
+                       match=r"(?s)patch_tokens_only=True.*student_token_layout="
+                             r"'context.student_token_layout'"):
+        MODELS.build(cfg)
+    cfg['distill_losses']['attn_out']['inputs'].update(
+        student_token_layout='context.student_token_layout',
+        teacher_token_layout='context.teacher_token_layout')
+    model = MODELS.build(cfg)
+    assert model.token_layouts['student'] == (1, 0)  # the class token is left out

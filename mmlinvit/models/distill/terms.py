@@ -73,7 +73,42 @@ def build_term(term: str, cfg: dict, check_spec: SpecCheck) -> Tuple[nn.Module, 
         raise DistillationConfigError(
             f'distill term {term!r}: required argument(s) {unmapped} of '
             f'{type(loss).__name__}.forward are not mapped in inputs')
+    check_patch_token_layouts(term, loss, params, specs)
     return loss, specs
+
+
+#: Loss arguments that say where the special tokens of a record are.
+TOKEN_LAYOUT_ARGS = ('student_token_layout', 'teacher_token_layout')
+
+
+def check_patch_token_layouts(term: str, loss: nn.Module, params: Mapping[str, Any],
+                              specs: List[InputSpec]) -> None:
+    """Refuses ``patch_tokens_only=True`` without the token layouts that locate the patches.
+
+    A loss that takes ``student_token_layout`` / ``teacher_token_layout`` defaults them to
+    ``(0, 0)`` (no special tokens): with ``patch_tokens_only=True`` and the layouts unmapped,
+    class and register tokens would silently count as patches.
+
+    Args:
+        term: Term name.
+        loss: The built loss.
+        params: Parameters of ``loss.forward``.
+        specs: The term's mapped inputs.
+
+    Raises:
+        DistillationConfigError: naming the unmapped layout arguments and the mapping to add.
+    """
+    if not getattr(loss, 'patch_tokens_only', False):
+        return
+    mapped = {s.arg for s in specs}
+    missing = [a for a in TOKEN_LAYOUT_ARGS if a in params and a not in mapped]
+    if missing:
+        hint = ', '.join(f"{a}='context.{a}'" for a in missing)
+        raise DistillationConfigError(
+            f'distill term {term!r}: {type(loss).__name__}(patch_tokens_only=True) needs the '
+            f'token layouts to find the patch tokens, but {missing} are not mapped (they '
+            f'default to no special tokens, so class / register tokens would count as '
+            f'patches); add to its inputs: {hint}')
 
 
 def describe_value(value: Any) -> str:
