@@ -18,6 +18,7 @@ depend on what a block computes:
 A subclass names its parts with the class attributes below and implements
 :meth:`prepare_tokens` and :meth:`_block_args`.
 """
+import warnings
 import weakref
 from typing import Dict, Optional, Sequence, Tuple, Union
 
@@ -63,6 +64,11 @@ class TokenBackbone(nn.Module):
         self._init_parameters()
         self._register_load_state_dict_pre_hook(self._check_training_records_on_load)
         self._register_load_state_dict_pre_hook(self._adapt_pos_embed_on_load)
+        self._register_load_state_dict_pre_hook(self._note_weights_loaded)
+        #: Whether weights were loaded (``init_weights`` with ``pretrained``, or any
+        #: ``load_state_dict`` / runner checkpoint that reaches this module).
+        self.weights_loaded = False
+        self._warned_not_loaded = False
         self._freeze_stages()
 
     def _init_parameters(self) -> None:
@@ -93,6 +99,27 @@ class TokenBackbone(nn.Module):
             from mmlinvit.converters import load_pretrained
             self.load_report = load_pretrained(self, self.pretrained,
                                                layout=self.checkpoint_layout)
+            self.weights_loaded = True
+
+    def _note_weights_loaded(self, state_dict: Dict[str, torch.Tensor], prefix: str,
+                             *args) -> None:
+        """``load_state_dict`` pre-hook: a checkpoint with keys of this module loads it."""
+        if any(key.startswith(prefix) for key in state_dict):
+            self.weights_loaded = True
+
+    def warn_if_pretrained_not_loaded(self) -> None:
+        """Warns (once) when ``pretrained`` is set but no weights were ever loaded.
+
+        ``pretrained=`` is read by :meth:`init_weights`, which mmengine runners call; a model
+        built by hand and run without it computes with its random initialisation.
+        """
+        if self.pretrained and not self.weights_loaded and not self._warned_not_loaded:
+            self._warned_not_loaded = True
+            warnings.warn(
+                f'{type(self).__name__}(pretrained={self.pretrained!r}) runs with weights that '
+                f'were never loaded: pretrained= is read by init_weights(), which mmengine '
+                f'runners call; call model.init_weights() after building it by hand',
+                stacklevel=3)
 
     def surplus_checkpoint_keys(self) -> Dict[str, str]:
         """Checkpoint keys this model drops instead of reporting them as unexpected.
@@ -285,6 +312,8 @@ class TokenBackbone(nn.Module):
             The input tokens of the first block (B, N, C), in the order of
             :attr:`token_layout`, and the (h, w) grid.
         """
+        if not capturing_graph():
+            self.warn_if_pretrained_not_loaded()
         tokens, hw_shape = self.patch_embed(x)
         tokens = self.mask_patches(tokens, patch_mask, mask_token)
         return self._embed_patches(tokens, hw_shape), hw_shape

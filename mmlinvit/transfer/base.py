@@ -344,12 +344,21 @@ def transfer_weights(student: VisionTransformer,
 
     Raises:
         KeyError: Unknown strategy (the message lists the registered ones).
-        ValueError: Incompatible teacher / student, or a strategy that cannot be applied to
-            an operator of the student (raised before anything is written).
+        ValueError: Incompatible teacher / student, a strategy that cannot be applied to
+            an operator of the student, or a teacher module built with ``pretrained=`` whose
+            weights were never loaded (raised before anything is written).
     """
     if not isinstance(student, VisionTransformer):
         raise TypeError('The student must be a mmlinvit VisionTransformer, got '
                         f'{type(student).__name__}')
+    if (isinstance(teacher_or_state_dict, nn.Module)
+            and getattr(teacher_or_state_dict, 'pretrained', None)
+            and not getattr(teacher_or_state_dict, 'weights_loaded', True)):
+        raise ValueError(
+            f'the teacher was built with pretrained={teacher_or_state_dict.pretrained!r} but its '
+            f'weights were never loaded (pretrained= is read by init_weights()): call '
+            f'teacher.init_weights() before transfer_weights, or the student would copy a '
+            f'random teacher')
     strat = build_transfer_strategy(strategy, **kwargs)
     counterparts, adapted, no_counterpart = pair_state_dicts(student, teacher_or_state_dict)
     strat.check(student)

@@ -182,3 +182,32 @@ def test_position_grid_is_the_padded_token_grid():
     assert hw == (37, 37)
     torch.testing.assert_close(model.patch_pos_embed(hw, 'cpu', torch.float32),
                                hub.pos_embed[:, 1:], atol=0, rtol=0)
+
+
+def test_pretrained_not_loaded_warns_and_transfer_refuses(tmp_path):
+    """``pretrained=`` is read by init_weights(); a model built by hand and run (or used as a
+    transfer teacher) without it would silently compute with random weights."""
+    import warnings
+
+    from mmlinvit.transfer import transfer_weights
+    source = VisionTransformer(TINY, family='deit', img_size=32, patch_size=8)
+    path = str(tmp_path / 'teacher.pth')
+    torch.save(source.state_dict(), path)
+    teacher = VisionTransformer(TINY, family='deit', img_size=32, patch_size=8, pretrained=path)
+    student = VisionTransformer(TINY, family='deit', img_size=32, patch_size=8, attn_cfg='elu')
+    with pytest.raises(ValueError, match=r'never loaded.*teacher.init_weights\(\)'):
+        transfer_weights(student, teacher, 'full_copy')
+    x = torch.randn(1, 3, 32, 32)
+    with pytest.warns(UserWarning, match=r'never loaded.*init_weights'):
+        teacher(x)
+    teacher.init_weights()
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')
+        torch.testing.assert_close(teacher(x)[0], source(x)[0])
+    transfer_weights(student, teacher, 'full_copy')
+    # A checkpoint loaded through load_state_dict (mmengine's load_from) counts as loaded.
+    again = VisionTransformer(TINY, family='deit', img_size=32, patch_size=8, pretrained=path)
+    again.load_state_dict(source.state_dict())
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')
+        again(x)
