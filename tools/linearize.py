@@ -9,7 +9,8 @@ Examples::
     python tools/linearize.py deit_base.pth work_dirs/deit_b_elu.pth --arch b --family deit \
         --operator elu --strategy mlp_copy
     python tools/linearize.py dinov2_vitb14.pth out.pth --arch b --family dinov2 \
-        --operator-per-layer softmax,elu,elu,elu,elu,elu,elu,elu,elu,elu,elu,softmax
+        --operator-per-layer softmax,elu,elu,elu,elu,elu,elu,elu,elu,elu,elu,softmax \
+        --strategy full_copy   # mlp_copy would leave the softmax layers' attention random
     python tools/linearize.py deit_base.pth out.pth --operator elu --strategy impulse \
         --student-no-cls --student-pos-embed sincos --strategy-arg window=5
 

@@ -36,7 +36,7 @@ same init, averaged over inits) go to ``<work-dir>/tables.md`` and stdout::
 
     python tools/analysis/sweep_distill_weight.py --tasks digits scenes --seeds 0 1 2 \\
         --work-dir work_dirs/sweep_distill
-    python tools/analysis/sweep_distill_weight.py --quick --work-dir /tmp/sweep   # seconds
+    python tools/analysis/sweep_distill_weight.py --quick --work-dir /tmp/sweep   # ~3 min
 """
 import argparse
 import copy

@@ -3,7 +3,7 @@
 #   <data_root>/images/{training,validation}/*.jpg
 #   <data_root>/annotations/{training,validation}/*.png   0 = unlabelled, 1..6 = classes
 dataset_type = 'BaseSegDataset'
-data_root = 'work_dirs/demo/data/toy_ade'
+data_root = 'work_dirs/demo/data/toy_ade/ADEChallengeData2016'  # written by tools/demo.py
 crop_size = (64, 64)
 metainfo = dict(
     classes=('sky', 'ground', 'building', 'tree', 'mountain', 'lake'),
