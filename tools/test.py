@@ -2,6 +2,12 @@
 
 Same flags as mmseg's ``tools/test.py``; the config's ``default_scope`` picks the world.
 
+CHECKPOINT supplies every weight evaluated: the config's own checkpoint paths (``pretrained=``,
+``Pretrained`` init_cfg, a distillation teacher's ``pretrained=`` / ``teacher_ckpt``) are not
+read and need not exist, and a CHECKPOINT that misses weights of the model is refused
+(``--cfg-options check_checkpoint_coverage=False`` evaluates it anyway, the missing weights at
+their random initialisation).
+
 Examples::
 
     python tools/test.py configs/adala_dinov2_ade20k.py work_dirs/x/iter_160000.pth

@@ -7,6 +7,8 @@ reported in one log line and the model is evaluated with those weights random.
 :func:`check_checkpoint_covers` turns that into an error naming the missing weights and the
 fix.  Keys a backbone declares optional (``OPTIONAL_CHECKPOINT_KEYS``: training records,
 the DINOv2 mask token) may be missing; keys the checkpoint has beyond the model are ignored.
+A tensor of another shape (another ``num_classes``, width) is refused too, except a
+backbone's position grid, which is resampled on load.
 """
 import re
 from typing import Any, Dict, List, Mapping, Set
@@ -47,6 +49,30 @@ def uncovered_keys(model: nn.Module, state_dict: Mapping[str, Any]) -> List[str]
     return sorted(k for k in model.state_dict() if k not in present and k not in optional)
 
 
+def resized_model_keys(model: nn.Module) -> Set[str]:
+    """Keys whose checkpoint tensor may have another shape: backbones resample a position
+    grid of another size on load."""
+    keys = set()
+    for prefix, module in model.named_modules():
+        if isinstance(module, TokenBackbone):
+            keys.add(f'{prefix}.pos_embed' if prefix else 'pos_embed')
+    return keys
+
+
+def mismatched_shapes(model: nn.Module, state_dict: Mapping[str, Any]) -> List[str]:
+    """``'key: checkpoint (a, b) vs model (c, d)'`` for each tensor that mmengine's
+    ``strict=False`` load would skip (left at its initialisation) for its shape."""
+    ckpt = {_WRAPPER_PREFIX.sub('', key): value for key, value in state_dict.items()}
+    resized = resized_model_keys(model)
+    found = []
+    for key, value in model.state_dict().items():
+        other = ckpt.get(key)
+        if (key not in resized and hasattr(other, 'shape')
+                and tuple(other.shape) != tuple(value.shape)):
+            found.append(f'{key}: checkpoint {tuple(other.shape)} vs model {tuple(value.shape)}')
+    return found
+
+
 def _hint(model_keys: List[str], present: Set[str]) -> str:
     """What the checkpoint probably is, and what to do with it."""
     student = {k[len('student.'):] for k in present if k.startswith('student.')}
@@ -77,6 +103,14 @@ def check_checkpoint_covers(model: nn.Module, checkpoint: Mapping[str, Any],
     """
     state_dict = checkpoint.get('state_dict', checkpoint)
     missing = uncovered_keys(model, state_dict)
+    mismatched = mismatched_shapes(model, state_dict)
+    if mismatched and not missing:
+        raise CheckpointCoverageError(
+            f'{source} holds {len(mismatched)} weight(s) of another shape than the model to '
+            f'evaluate, which would be skipped and evaluated at their random initialisation: '
+            f'{"; ".join(mismatched[:6])}{" ..." if len(mismatched) > 6 else ""}. Check that '
+            f'CHECKPOINT was written by a run of this config (same sizes / num_classes). To '
+            f'evaluate anyway, pass --cfg-options check_checkpoint_coverage=False.')
     if not missing:
         return
     model_keys = list(model.state_dict())

@@ -24,7 +24,7 @@ from mmengine.runner import Runner
 from mmlinvit.config_scopes import register_config_scopes
 from mmlinvit.converters.checkpoint_file import check_checkpoint_file
 
-from .preflight import check_inputs
+from .preflight import check_inputs, clear_checkpoints
 from .resume import check_resume_or_load_from, resume_randomness
 
 #: ``--launcher`` choices (mmengine's).
@@ -269,6 +269,16 @@ def prepare_test_config(cfg: Config,
     refused instead of evaluating them at random) unless the config sets
     ``check_checkpoint_coverage = False``.
 
+    The weights come from ``checkpoint``: the model's own checkpoint paths (``pretrained=``,
+    ``Pretrained`` init_cfg, a distillation ``teacher_ckpt``; the keys of
+    :func:`~mmlinvit.engine.preflight.clear_checkpoints`) are cleared, so a training-time
+    input such as the Stage-2 ``student_backbone.pth`` need not exist to evaluate.  This
+    changes no evaluated weight: ``Runner.test()`` never calls ``init_weights``, which is what
+    reads ``pretrained=`` / init_cfg, and the only file read at build time, a distillation
+    teacher's, feeds no prediction (``predict`` runs the student) and is not saved in
+    checkpoints.  So with ``check_checkpoint_coverage = False`` a partial checkpoint leaves
+    the same weights at their random init as before.
+
     Args:
         cfg: The config (``--cfg-options`` already merged).
         config_path: The config file (its stem names the default work dir).
@@ -288,6 +298,10 @@ def prepare_test_config(cfg: Config,
     _set_launcher_and_work_dir(cfg, config_path, work_dir, launcher)
     cfg.load_from = checkpoint
     cfg.resume = False
+    cleared = clear_checkpoints(cfg.model)
+    if cleared:
+        print_log(f'Evaluating the weights of {checkpoint}; not reading the config\'s '
+                  f'checkpoint paths {cleared}', logger='current', level=logging.INFO)
     if cfg.get('check_checkpoint_coverage', True):
         _add_custom_hook(cfg, 'mmlinvit.CheckpointCoverageHook', source=repr(checkpoint))
     if show or show_dir:

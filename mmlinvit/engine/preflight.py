@@ -137,29 +137,39 @@ def _iter_checkpoints(node: Any, where: str) -> Iterator[Tuple[str, str]]:
             yield from _iter_checkpoints(value, f'{where}[{i}]')
 
 
-def clear_checkpoints(node: Any) -> None:
+def clear_checkpoints(node: Any, where: str = 'model') -> List[str]:
     """Sets every checkpoint path and ``Pretrained`` init_cfg under ``node`` to None, in place.
 
     For tools that build a config's model without reading weights (FLOP counting) or whose
-    weights come from another file (inference from a runner checkpoint).
+    weights come from another file (inference and evaluation of a runner checkpoint).
 
     Args:
         node: A config dict / list (e.g. ``cfg.model``); checkpoint keys are
             :data:`CHECKPOINT_KEYS`.
+        where: The dotted config location of ``node``, for the returned locations.
+
+    Returns:
+        The dotted locations that were cleared (e.g. ``['model.backbone.pretrained']``).
     """
+    cleared: List[str] = []
     if isinstance(node, dict):
         for key in list(node.keys()):
             value = node[key]
+            loc = f'{where}.{key}' if where else str(key)
             if key in CHECKPOINT_KEYS and isinstance(value, str):
                 node[key] = None
+                if value:
+                    cleared.append(loc)
             elif key == 'init_cfg' and isinstance(value, dict) and \
                     value.get('type') == 'Pretrained':
                 node[key] = None
+                cleared.append(loc)
             else:
-                clear_checkpoints(value)
+                cleared.extend(clear_checkpoints(value, loc))
     elif isinstance(node, (list, tuple)):
-        for value in node:
-            clear_checkpoints(value)
+        for i, value in enumerate(node):
+            cleared.extend(clear_checkpoints(value, f'{where}[{i}]'))
+    return cleared
 
 
 def _has_file_with_suffix(folder: str, suffix: str) -> bool:

@@ -1,5 +1,6 @@
 """tools/train.py, tools/test.py, tools/dist_train.sh: missing inputs stop the run before
 training, an interrupted run resumes through --resume, and a 2-process gloo run completes."""
+import copy
 import glob
 import importlib.util
 import os
@@ -241,10 +242,113 @@ def test_test_tool_refuses_a_checkpoint_that_misses_weights(tmp_path, ade_root):
     assert uncovered_keys(model, full) == []
     assert uncovered_keys(model, {f'module.{k}': v for k, v in full.items()}) == []
     assert uncovered_keys(model, backbone)[0].startswith('auxiliary_head.')
+    from mmlinvit.engine.checkpoint_coverage import check_checkpoint_covers
     with pytest.raises(CheckpointCoverageError):
-        from mmlinvit.engine.checkpoint_coverage import check_checkpoint_covers
         check_checkpoint_covers(model, dict(state_dict=backbone), 'x')
+    # Another shape (a checkpoint of another num_classes) would be skipped by strict=False.
+    other = dict(full, **{'decode_head.conv_seg.weight': torch.zeros(3, 32, 1, 1)})
+    with pytest.raises(CheckpointCoverageError,
+                       match=r'another shape.*decode_head.conv_seg.weight: checkpoint \(3, 32'):
+        check_checkpoint_covers(model, dict(state_dict=other), 'x')
+    # A position grid of another size is resampled on load: fine.
+    pos = full['backbone.pos_embed']
+    grid = dict(full, **{'backbone.pos_embed': torch.zeros(1, 1 + 4, pos.shape[-1])})
+    check_checkpoint_covers(model, dict(state_dict=grid), 'x')
     # Opting out evaluates anyway.
     metrics = test.main([cfg_file, bare, '--work-dir', str(tmp_path / 't3'), '--cfg-options',
                          'check_checkpoint_coverage=False'])
     assert 0.0 <= metrics['mIoU'] <= 100.0
+
+
+#: The model's weights as ``runner.test()`` starts, recorded by
+#: :class:`RecordEvaluatedWeightsHook` (filled by the last test run).
+EVALUATED_WEIGHTS = {}
+
+
+@HOOKS.register_module(force=True)
+class RecordEvaluatedWeightsHook(Hook):
+    """Copies the model's state dict into :data:`EVALUATED_WEIGHTS` before the test loop (the
+    checkpoint is loaded by then): the weights tools/test.py really evaluates."""
+
+    def before_test(self, runner) -> None:
+        from mmengine.model import is_model_wrapper
+        model = runner.model.module if is_model_wrapper(runner.model) else runner.model
+        EVALUATED_WEIGHTS.clear()
+        EVALUATED_WEIGHTS.update({k: v.detach().clone() for k, v in model.state_dict().items()})
+
+
+def _complete_weights(model_cfg: dict, scope: str, seed: int):
+    """A state dict of every weight of ``model_cfg`` (its checkpoint paths cleared), offset
+    from any initialisation so that evaluating it shows it was loaded."""
+    from mmengine.registry import MODELS, DefaultScope
+
+    from mmlinvit.engine.preflight import clear_checkpoints
+    model_cfg = copy.deepcopy(model_cfg)
+    clear_checkpoints(model_cfg)
+    torch.manual_seed(seed)
+    with DefaultScope.overwrite_default_scope(scope):
+        model = MODELS.build(model_cfg)
+    return {k: v + 0.01 * torch.randn_like(v) if v.is_floating_point() else v
+            for k, v in model.state_dict().items()}
+
+
+def _assert_evaluated(expected) -> None:
+    assert EVALUATED_WEIGHTS, 'tools/test.py did not reach its test loop'
+    assert set(expected) <= set(EVALUATED_WEIGHTS)
+    for key, value in expected.items():
+        assert torch.equal(EVALUATED_WEIGHTS[key], value), key
+
+
+def test_test_tool_evaluates_a_complete_checkpoint_without_the_pretrained_files(
+        tmp_path, ade_root):
+    """CHECKPOINT carries every weight: the config's ``pretrained=`` (a training input such as
+    the Stage-2 student_backbone.pth) is not needed to evaluate it, as in tools/infer.py; a
+    checkpoint that misses weights is still refused."""
+    cfg = tiny_config(UPERNET, ade_root, str(tmp_path / 'wd'))
+    full = _complete_weights(cfg.model.to_dict(), cfg.default_scope, seed=11)
+    missing = str(tmp_path / 'stage2' / 'student_backbone.pth')
+    cfg.model.backbone.pretrained = missing
+    cfg.custom_hooks = [dict(type='RecordEvaluatedWeightsHook')]
+    cfg_file = str(tmp_path / 'cfg.py')
+    cfg.dump(cfg_file)
+    ckpt = str(tmp_path / 'iter_1.pth')
+    torch.save(dict(meta=dict(iter=1), state_dict=full), ckpt)
+    test = _load_tool('test')
+    EVALUATED_WEIGHTS.clear()
+    metrics = test.main([cfg_file, ckpt, '--work-dir', str(tmp_path / 't1')])
+    assert 0.0 <= metrics['mIoU'] <= 100.0
+    _assert_evaluated(full)  # exactly the checkpoint's weights were evaluated
+    assert not osp.exists(missing)
+    # The coverage check still guards: without the decode head the checkpoint is refused.
+    partial = str(tmp_path / 'partial.pth')
+    torch.save(dict(state_dict={k: v for k, v in full.items()
+                                if not k.startswith('decode_head.')}), partial)
+    with pytest.raises(SystemExit, match=r'partial\.pth.* does not hold .*decode_head \d+/\d+'):
+        test.main([cfg_file, partial, '--work-dir', str(tmp_path / 't2')])
+
+
+def test_test_tool_evaluates_a_distillation_student_without_teacher_files(tmp_path, ade_root):
+    """A distillation config (teacher ``pretrained=`` and ``teacher_ckpt``, student
+    ``pretrained=``, none of them present) evaluates its checkpoint's student."""
+    cfg = tiny_config('segmentation/upernet_deit-b-relu-fullcopy-distill_8xb2-160k_ade20k-'
+                      '512x512.py', ade_root, str(tmp_path / 'wd'))
+    assert cfg.model.type == 'mmlinvit.DistillationModel'
+    student = _complete_weights(cfg.model.student.to_dict(), cfg.default_scope, seed=12)
+    gone = tmp_path / 'gone'
+    cfg.model.student.backbone.pretrained = str(gone / 'deit-b.pth')
+    cfg.model.teacher.pretrained = str(gone / 'teacher.pth')
+    cfg.model.teacher_ckpt = str(gone / 'teacher_ckpt.pth')
+    from mmlinvit.engine.preflight import clear_checkpoints
+    assert sorted(clear_checkpoints(copy.deepcopy(cfg.model.to_dict()))) == [
+        'model.student.backbone.pretrained', 'model.teacher.pretrained', 'model.teacher_ckpt']
+    cfg.custom_hooks = [dict(type='RecordEvaluatedWeightsHook')]
+    cfg_file = str(tmp_path / 'cfg.py')
+    cfg.dump(cfg_file)
+    ckpt = str(tmp_path / 'iter_1.pth')
+    torch.save(dict(meta=dict(iter=1), state_dict={f'student.{k}': v
+                                                   for k, v in student.items()}), ckpt)
+    EVALUATED_WEIGHTS.clear()
+    metrics = _load_tool('test').main([cfg_file, ckpt, '--work-dir', str(tmp_path / 't')])
+    assert 0.0 <= metrics['mIoU'] <= 100.0
+    _assert_evaluated({f'student.{k}': v for k, v in student.items()})
+    assert not gone.exists()

@@ -135,3 +135,61 @@ def test_shape_off_the_patch_grid_is_refused(tmp_path):
         _tool().main([str(ROOT / STUDENT_SEG), 'none', '--out', str(tmp_path / 'x.onnx'),
                       '--shape', '66', '64'])
     assert not (tmp_path / 'x.onnx').exists()
+
+
+def _runner_checkpoint(config: str, work_dir: Path) -> Path:
+    """``iter_1.pth`` written by mmengine's Runner after one training iteration of ``config``
+    on generated scenes: a real runner checkpoint, with the pickled message hub (mmengine
+    ``HistoryBuffer`` objects) and optimizer state besides the weights."""
+    from mmengine.config import Config
+    from mmengine.runner import Runner
+
+    from mmlinvit.config_scopes import register_config_scopes
+    from mmlinvit.datasets import make_ade20k_layout
+    register_config_scopes()
+    data_root = str(work_dir / 'toy_ade')
+    make_ade20k_layout(data_root, num_train=2, num_val=1, size=(64, 64), seed=1)
+    cfg = Config.fromfile(str(ROOT / config))
+    cfg.model.backbone.pretrained = None  # the demo's Stage-2 file; not needed here
+    for loader in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
+        cfg[loader].dataset.data_root = data_root
+        cfg[loader].update(batch_size=2, num_workers=0, persistent_workers=False)
+    cfg.work_dir = str(work_dir / 'wd')
+    cfg.train_cfg = dict(type='IterBasedTrainLoop', max_iters=1, val_interval=1000)
+    cfg.default_hooks.checkpoint = dict(type='CheckpointHook', by_epoch=False, interval=1)
+    cfg.default_hooks.logger = dict(type='LoggerHook', interval=1)
+    cfg.log_level = 'WARNING'
+    cfg.experiment_name = f'export_onnx_runner_ckpt_{work_dir.name}'
+    Runner.from_cfg(cfg).train()
+    ckpt = work_dir / 'wd' / 'iter_1.pth'
+    assert ckpt.is_file()
+    return ckpt
+
+
+def test_runner_checkpoint_needs_trust_and_then_exports(tmp_path):
+    """A real ``iter_N.pth`` of the Runner: the safe load refuses its pickled message hub, so
+    the tool stops naming ``--trust-checkpoint``; with the flag the export matches PyTorch."""
+    import pickle
+    ckpt = _runner_checkpoint(STUDENT_SEG, tmp_path)
+    with pytest.raises(pickle.UnpicklingError):  # what a genuine runner checkpoint holds
+        torch.load(ckpt, map_location='cpu', weights_only=True)
+    out = tmp_path / 'student.onnx'
+    args = [str(ROOT / STUDENT_SEG), str(ckpt), '--out', str(out), '--shape', '32', '32']
+    with pytest.raises(SystemExit, match=r'error: .*iter_1\.pth.*--trust-checkpoint'):
+        _tool().main(args)
+    assert not out.exists()
+    info = _tool().main(args + ['--trust-checkpoint'])
+    assert info['part'] == 'model' and info['checkpoint_prefix'] == ''
+    assert max(info['max_abs_error']) < 1e-4
+    # Independent reference: the config's model holding the checkpoint's weights (strict).
+    model = _build(STUDENT_SEG, seed=5)
+    state = torch.load(ckpt, map_location='cpu', weights_only=False)
+    assert 'message_hub' in state and 'optimizer' in state
+    model.load_state_dict(state['state_dict'], strict=True)
+    images = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        ref = [model(images, None, mode='tensor')]
+        other = [_build(STUDENT_SEG, seed=6)(images, None, mode='tensor')]
+    got = _onnx_outputs(out, images)
+    assert _max_err(got, ref) < 1e-4
+    assert _max_err(got, other) > 1e-2  # the trained weights were really exported

@@ -3,7 +3,10 @@
 ``python tools/deployment/export_onnx.py CONFIG CHECKPOINT`` builds the config's model,
 loads the checkpoint (runner checkpoint, exported ``student_backbone.pth`` or any state dict
 whose keys match under ``backbone.`` / ``student.`` / ``teacher.`` ...) and writes ONE ONNX
-file:
+file.  Checkpoints are read with ``torch.load(weights_only=True)``; an mmengine runner
+checkpoint (``iter_N.pth`` / ``epoch_N.pth``) also holds pickled training state (message hub,
+optimizer), which only a full unpickle reads: pass ``--trust-checkpoint`` for such a file
+when you trust it (unpickling runs code from the file).
 
 * ``--part auto`` (default): mmseg segmentors and mmpretrain classifiers export whole, in
   ``mode='tensor'`` (segmentation: decode-head logits, (B, classes, H / 4, W / 4) for UPerNet;
@@ -26,7 +29,7 @@ Example::
 
     PYTHONPATH=. python tools/deployment/export_onnx.py \\
         configs/segmentation/upernet_adala-dinov2-l-elu_8xb2-160k_ade20k-518x518.py \\
-        work_dirs/x/iter_160000.pth --out work_dirs/x/model.onnx
+        work_dirs/x/iter_160000.pth --out work_dirs/x/model.onnx --trust-checkpoint
 """
 import argparse
 import ast
@@ -43,6 +46,9 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
 
+from mmlinvit.converters import UntrustedCheckpointError  # noqa: E402
+from mmlinvit.converters.checkpoint_file import CheckpointFileError  # noqa: E402
+from mmlinvit.utils.cli import add_trust_checkpoint_argument  # noqa: E402
 from onnx_tools import (DEFAULT_OPSET, PARTS, WHICH, build_export_module,  # noqa: E402
                         check_export_shape, export_onnx, max_abs_errors, onnxruntime_outputs,
                         onnxruntime_session)
@@ -57,6 +63,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         help='output .onnx (default: next to the checkpoint / work_dirs/onnx)')
     parser.add_argument('--part', default='auto', choices=PARTS)
     parser.add_argument('--which', default='student', choices=WHICH)
+    add_trust_checkpoint_argument(
+        parser, 'a runner checkpoint (iter_N.pth / epoch_N.pth), which holds training state '
+        'besides tensors')
     parser.add_argument('--shape', nargs=2, type=int, default=None, metavar=('H', 'W'),
                         help="input size baked into the graph (default: the config's crop)")
     parser.add_argument('--batch', type=int, default=1)
@@ -90,8 +99,12 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     if checkpoint is not None and not os.path.isfile(checkpoint):
         raise SystemExit(f'error: checkpoint {checkpoint} does not exist (pass "none" to export '
                          'random weights)')
-    module, info = build_export_module(args.config, checkpoint, args.part, args.which,
-                                       _cfg_options(args.cfg_options))
+    try:
+        module, info = build_export_module(args.config, checkpoint, args.part, args.which,
+                                           _cfg_options(args.cfg_options),
+                                           trust_checkpoint=args.trust_checkpoint)
+    except (UntrustedCheckpointError, CheckpointFileError) as err:
+        raise SystemExit(f'error: {err}') from None
     h, w = args.shape or info['crop']
     try:
         check_export_shape((h, w), info['patch_size'])

@@ -1,7 +1,9 @@
 """Shared pieces of the ONNX deployment tools (:mod:`export_onnx`, :mod:`benchmark_onnx`).
 
 * :func:`build_export_module` builds the model of a config through the OpenMMLab registries,
-  loads a checkpoint (``torch.load(weights_only=True)``, strict) and returns the module to
+  loads a checkpoint (strict; read by :func:`mmlinvit.converters.load_checkpoint_file`:
+  ``torch.load(weights_only=True)``, or a full unpickle with ``trust_checkpoint=True``, which
+  mmengine runner checkpoints need for their pickled training state) and returns the module to
   export: the whole task model in ``mode='tensor'`` (mmseg segmentor: decode-head logits;
   mmpretrain classifier: class logits) or a backbone (tuple of its outputs) - the student of
   a distillation model by default, its softmax teacher with ``which='teacher'``.
@@ -57,25 +59,17 @@ class TaskModelExport(nn.Module):
         return tuple(outs) if isinstance(outs, (tuple, list)) else (outs, )
 
 
-def _state_dict_of(path: str) -> Dict[str, torch.Tensor]:
-    """The weights of a runner checkpoint (``state_dict``) or of a bare state-dict file."""
-    from mmlinvit.converters.checkpoint_file import check_checkpoint_file
-    check_checkpoint_file(path)
-    obj = torch.load(path, map_location='cpu', weights_only=True)
-    if isinstance(obj, dict) and isinstance(obj.get('state_dict'), dict):
-        obj = obj['state_dict']
-    if not isinstance(obj, dict) or not all(torch.is_tensor(v) for v in obj.values()):
-        raise ValueError(f'{path}: not a state dict or a runner checkpoint with a state_dict')
-    return obj
-
-
-def load_weights(module: nn.Module, path: str, where: str) -> str:
+def load_weights(module: nn.Module, path: str, where: str,
+                 trust_checkpoint: bool = False) -> str:
     """Loads ``path`` strictly into ``module``; a whole-model file may hold it under a prefix.
 
     Args:
         module: The module the weights are for.
         path: Checkpoint file.
         where: Name of the module for messages (``'model'``, ``'student backbone'``...).
+        trust_checkpoint: Allow a full unpickle of the file: mmengine runner checkpoints
+            (``iter_N.pth`` / ``epoch_N.pth``) hold pickled training state (message hub,
+            optimizer) besides the weights.  Only for trusted files.
 
     A ViT backbone also takes any layout :mod:`mmlinvit.converters` reads (timm, DINOv2 hub,
     OpenAI CLIP, mmpretrain: a softmax teacher's original checkpoint) when no prefix matches.
@@ -85,13 +79,17 @@ def load_weights(module: nn.Module, path: str, where: str) -> str:
         ``'converted'`` when the converters loaded them.
 
     Raises:
+        UntrustedCheckpointError: the file holds pickled objects besides tensors and
+            ``trust_checkpoint`` is False (the message names ``--trust-checkpoint``).
+        CheckpointFileError: the file is empty, truncated or not a checkpoint.
         ValueError: the keys match but some shapes do not (named).
         KeyError: no prefix of the file matches the module exactly (and, for a ViT, the
             converters refused it too); the message lists the missing / unexpected keys of
             the closest candidate.
     """
     from mmlinvit.backbones import VisionTransformer
-    state = _state_dict_of(path)
+    from mmlinvit.converters import load_checkpoint_file
+    state = load_checkpoint_file(path, trust_checkpoint=trust_checkpoint)
     own = set(module.state_dict().keys())
     candidates = ['', 'backbone.', 'student.', 'student.backbone.', 'teacher.',
                   'teacher.backbone.', 'model.']
@@ -117,7 +115,7 @@ def load_weights(module: nn.Module, path: str, where: str) -> str:
     if isinstance(module, VisionTransformer):
         from mmlinvit.converters import load_pretrained
         try:
-            load_pretrained(module, path)
+            load_pretrained(module, path, trust_checkpoint=trust_checkpoint)
             return 'converted'
         except (KeyError, ValueError) as err:
             raise KeyError(f'{path} does not hold the weights of the {where} in the canonical '
@@ -152,7 +150,8 @@ def build_export_module(config: str,
                         checkpoint: Optional[str],
                         part: str = 'auto',
                         which: str = 'student',
-                        cfg_options: Optional[Dict[str, Any]] = None
+                        cfg_options: Optional[Dict[str, Any]] = None,
+                        trust_checkpoint: bool = False
                         ) -> Tuple[nn.Module, Dict[str, Any]]:
     """Builds the module to export from a config and a checkpoint.
 
@@ -165,6 +164,8 @@ def build_export_module(config: str,
             (the task model for mmseg / mmpretrain task models, the backbone otherwise).
         which: For distillation models: ``'student'`` or ``'teacher'``.
         cfg_options: Config overrides (``{'model.backbone.arch': 't'}``).
+        trust_checkpoint: Allow a full unpickle of ``checkpoint`` (mmengine runner
+            checkpoints hold their pickled training state; only for trusted files).
 
     Returns:
         The eval-mode export module and a description dict (what was exported, crop size,
@@ -205,7 +206,7 @@ def build_export_module(config: str,
         # Whole-model files load into the whole model (distillation: teacher weights are not
         # saved, so load what exists into the exported part instead).
         target = task if part == 'model' else backbone
-        prefix = load_weights(target, checkpoint, f'{which} {part}')
+        prefix = load_weights(target, checkpoint, f'{which} {part}', trust_checkpoint)
     module = TaskModelExport(task) if part == 'model' else BackboneExport(backbone)
     module.eval()
     info = dict(config=config, checkpoint=checkpoint, part=part, which=which,
