@@ -113,3 +113,20 @@ def model_config(rel: str) -> Tuple[Config, dict]:
         model.setdefault('data_preprocessor', copy.deepcopy(cfg.data_preprocessor))
     clear_checkpoints(model)
     return cfg, model
+
+
+def build_shrunk_model(rel: str) -> Tuple[Config, Any]:
+    """The config of ``configs/<rel>`` and its model built as the Runner would, every
+    backbone's width divided by ``WIDTH_DIVISOR`` (:func:`shrink_width`); a distillation
+    model's build-time dry run uses the student's own size.
+
+    Returns:
+        (config, model) with the model's default scope initialised.
+    """
+    from mmengine.registry import MODELS, init_default_scope
+    cfg, model_cfg = model_config(rel)
+    init_default_scope(cfg.default_scope)
+    shrink_width(model_cfg)
+    if model_cfg['type'] in DISTILLATION_TYPES:
+        model_cfg['check_input_size'] = None
+    return cfg, MODELS.build(model_cfg)

@@ -16,7 +16,8 @@ from mmengine.config import Config
 from mmengine.model import BaseModel
 from mmengine.registry import MODELS, init_default_scope
 
-from config_testing import CONFIG_ROOT, DISTILLATION_TYPES, MODEL_CONFIGS, model_config, shrink_width
+from config_testing import (CONFIG_ROOT, MODEL_CONFIGS, build_shrunk_model, model_config,
+                            shrink_width)
 
 BATCH = 2
 
@@ -63,12 +64,7 @@ def params_without_gradient(model: BaseModel, world: str) -> List[str]:
 
 @pytest.mark.parametrize('rel', MODEL_CONFIGS)
 def test_every_trainable_parameter_gets_a_gradient(rel):
-    cfg, model_cfg = model_config(rel)
-    init_default_scope(cfg.default_scope)
-    shrink_width(model_cfg)
-    if model_cfg['type'] in DISTILLATION_TYPES:
-        model_cfg['check_input_size'] = None  # the student's img_size; shapes are checked here
-    model = MODELS.build(model_cfg)
+    cfg, model = build_shrunk_model(rel)
     model.init_weights()
     unused = params_without_gradient(model, cfg.default_scope)
     assert not unused, (

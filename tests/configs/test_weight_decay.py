@@ -7,9 +7,8 @@ Adventurer code); the optimizer is built by the config's own constructor from th
 """
 import pytest
 from mmengine.optim import build_optim_wrapper
-from mmengine.registry import MODELS, init_default_scope
 
-from config_testing import DISTILLATION_TYPES, MODEL_CONFIGS, model_config, shrink_width
+from config_testing import MODEL_CONFIGS, build_shrunk_model
 
 #: Name fragments of parameters that must not be decayed (besides 1-D parameters).
 NO_DECAY = ('cls_token', 'reg_token', 'mask_token', 'pos_embed')
@@ -28,12 +27,7 @@ def _decay_of_trainable(model, optim_wrapper) -> dict:
 
 @pytest.mark.parametrize('rel', MODEL_CONFIGS)
 def test_tokens_norms_and_biases_are_not_decayed(rel):
-    cfg, model_cfg = model_config(rel)
-    init_default_scope(cfg.default_scope)
-    shrink_width(model_cfg)
-    if model_cfg['type'] in DISTILLATION_TYPES:
-        model_cfg['check_input_size'] = None
-    model = MODELS.build(model_cfg)
+    cfg, model = build_shrunk_model(rel)
     decay = _decay_of_trainable(model, build_optim_wrapper(model, cfg.optim_wrapper))
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert set(decay) == trainable, 'trainable parameters missing from the optimizer'
@@ -49,10 +43,8 @@ def test_tokens_norms_and_biases_are_not_decayed(rel):
 
 
 def test_mask2former_config_places_queries_as_vit_adapter():
-    cfg, model_cfg = model_config('segmentation/mask2former_dinov2-l_8xb2-160k_ade20k-518x518.py')
-    init_default_scope(cfg.default_scope)
-    shrink_width(model_cfg)
-    model = MODELS.build(model_cfg)
+    cfg, model = build_shrunk_model(
+        'segmentation/mask2former_dinov2-l_8xb2-160k_ade20k-518x518.py')
     optimizer = build_optim_wrapper(model, cfg.optim_wrapper).optimizer
     lr_of = {n: g['lr'] for g in optimizer.param_groups for n in g['param_names']}
     base = cfg.optim_wrapper.optimizer.lr
