@@ -23,14 +23,15 @@ model = dict(
         loss=dict(type='LabelSmoothLoss', label_smooth_val=0.1, mode='original'),
         topk=(1, 5),
         init_cfg=dict(type='TruncNormal', layer='Linear', std=0.02)))
+# EXIF orientation ignored, as the official evaluations decode (PIL / torchvision, timm).
 train_pipeline = [
-    dict(type='LoadImageFromFile'),
+    dict(type='LoadImageFromFile', color_type='color_ignore_orientation'),
     dict(type='RandomResizedCrop', scale=512, backend='pillow', interpolation='bicubic'),
     dict(type='RandomFlip', prob=0.5, direction='horizontal'),
     dict(type='PackInputs'),
 ]
 test_pipeline = [
-    dict(type='LoadImageFromFile'),
+    dict(type='LoadImageFromFile', color_type='color_ignore_orientation'),
     dict(type='ResizeEdge', scale=585, edge='short', backend='pillow', interpolation='bicubic'),
     dict(type='CenterCrop', crop_size=512),
     dict(type='PackInputs'),

@@ -131,3 +131,28 @@ def test_lr_scaling_is_off_and_can_be_switched_on(rel):
     match = re.search(r'_(\d+)xb(\d+)-', osp.basename(rel))
     if match and rel.startswith(('segmentation/', 'adala/mask2former', 'linearizer/upernet')):
         assert scale['base_batch_size'] == int(match.group(1)) * int(match.group(2)), rel
+
+
+@pytest.mark.parametrize('rel', [
+    '_base_/datasets/imagenet_bs64.py',
+    'adala/linear-head_adala-dinov2-l-elu_64xb16-30e_in1k-512x512.py'])
+def test_imagenet_pipelines_decode_as_pil_without_exif_rotation(rel, tmp_path):
+    """torchvision's / timm's loaders (DeiT, DINOv2 evaluations) open images with PIL and do
+    not apply the EXIF orientation; mmcv's default decoding rotates such JPEGs."""
+    import numpy as np
+    from mmengine.registry import TRANSFORMS
+    from PIL import Image
+    init_default_scope('mmpretrain')
+    rng = np.random.default_rng(0)
+    pixels = rng.integers(0, 255, (30, 40, 3), dtype=np.uint8)
+    exif = Image.Exif()
+    exif[0x0112] = 6  # Orientation: rotate 90 CW to display
+    path = str(tmp_path / 'rotated.jpg')
+    Image.fromarray(pixels).save(path, exif=exif.tobytes(), quality=95)
+    reference = np.asarray(Image.open(path).convert('RGB'))[..., ::-1]  # as BGR
+    cfg = Config.fromfile(osp.join(CONFIG_ROOT, rel))
+    for pipeline in (cfg.train_pipeline, cfg.test_pipeline):
+        load = TRANSFORMS.build(pipeline[0])
+        img = load(dict(img_path=path))['img']
+        assert img.shape == reference.shape == (30, 40, 3)
+        np.testing.assert_array_equal(img, reference)

@@ -9,14 +9,15 @@ data_preprocessor = dict(
     std=[58.395, 57.12, 57.375],
     to_rgb=True,
 )
+# EXIF orientation ignored, as the official evaluations decode (PIL / torchvision, timm).
 train_pipeline = [
-    dict(type='LoadImageFromFile'),
+    dict(type='LoadImageFromFile', color_type='color_ignore_orientation'),
     dict(type='RandomResizedCrop', scale=224, backend='pillow', interpolation='bicubic'),
     dict(type='RandomFlip', prob=0.5, direction='horizontal'),
     dict(type='PackInputs'),
 ]
 test_pipeline = [
-    dict(type='LoadImageFromFile'),
+    dict(type='LoadImageFromFile', color_type='color_ignore_orientation'),
     dict(type='ResizeEdge', scale=256, edge='short', backend='pillow', interpolation='bicubic'),
     dict(type='CenterCrop', crop_size=224),
     dict(type='PackInputs'),
