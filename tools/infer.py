@@ -172,6 +172,19 @@ def inference_config(cfg: Config, checkpoint: str, tmp_dir: str) -> Tuple[Config
     return cfg, checkpoint
 
 
+def checkpoint_view(path: str) -> Dict[str, Any]:
+    """The checkpoint for the tool's own checks (keys, shapes, meta), memory-mapped: the
+    inferencer reads the weights itself, so the tensors' data are not read a second time.
+
+    Args:
+        path: A local checkpoint file (zip format is mapped; older files are read).
+    """
+    try:
+        return torch.load(path, map_location='cpu', mmap=True, weights_only=False)
+    except RuntimeError:  # legacy (non-zip) serialisation cannot be memory-mapped
+        return _load_checkpoint(path, map_location='cpu')
+
+
 def read_files_as_rgb(cfg: Config) -> Optional[str]:
     """Makes a classification config whose dataset yields arrays see image files as RGB.
 
@@ -275,7 +288,7 @@ def run_segmentation(cfg: Config, checkpoint: str, images: List[str], args: argp
                      ) -> List[Dict[str, Any]]:
     """MMSegInferencer over ``images``: overlays in vis/, label maps in pred/."""
     from mmseg.apis import MMSegInferencer
-    loaded = _load_checkpoint(checkpoint, map_location='cpu')
+    loaded = checkpoint_view(checkpoint)
     meta, source = segmentation_classes(cfg, loaded)
     inferencer = MMSegInferencer(model=cfg, weights=checkpoint, device=args.device,
                                  show_progress=False, classes=meta['classes'],
@@ -314,8 +327,7 @@ def run_classification(cfg: Config, checkpoint: str, images: List[str],
     from mmpretrain.apis import ImageClassificationInferencer
     inferencer = ImageClassificationInferencer(model=cfg, pretrained=checkpoint,
                                                device=args.device)
-    check_checkpoint_covers(inferencer.model, _load_checkpoint(checkpoint, map_location='cpu'),
-                            repr(args.checkpoint))
+    check_checkpoint_covers(inferencer.model, checkpoint_view(checkpoint), repr(args.checkpoint))
     classes = inferencer.classes
     vis_dir, pred_dir = osp.join(args.out_dir, 'vis'), osp.join(args.out_dir, 'pred')
     os.makedirs(pred_dir, exist_ok=True)

@@ -312,7 +312,7 @@ class TokenBackbone(nn.Module):
             The input tokens of the first block (B, N, C), in the order of
             :attr:`token_layout`, and the (h, w) grid.
         """
-        if not capturing_graph():
+        if self.pretrained and not self.weights_loaded and not capturing_graph():
             self.warn_if_pretrained_not_loaded()
         tokens, hw_shape = self.patch_embed(x)
         tokens = self.mask_patches(tokens, patch_mask, mask_token)

@@ -11,7 +11,7 @@ A tensor of another shape (another ``num_classes``, width) is refused too, excep
 backbone's position grid, which is resampled on load.
 """
 import re
-from typing import Any, Dict, List, Mapping, Set
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Set
 
 import torch.nn as nn
 
@@ -26,14 +26,25 @@ class CheckpointCoverageError(ValueError):
     """A checkpoint to evaluate does not hold every weight of the model."""
 
 
-def optional_model_keys(model: nn.Module) -> Set[str]:
-    """Keys of ``model`` that a checkpoint may lack (each backbone's optional keys)."""
+def _unwrapped(state_dict: Mapping[str, Any]) -> Dict[str, Any]:
+    """The checkpoint's keys without a DDP wrapper prefix (as mmengine loads them)."""
+    return {_WRAPPER_PREFIX.sub('', key): value for key, value in state_dict.items()}
+
+
+def _backbone_keys(model: nn.Module, names: Callable[[TokenBackbone], Iterable[str]]
+                   ) -> Set[str]:
+    """``names(backbone)`` of every backbone in ``model``, as keys of ``model``."""
     keys = set()
     for prefix, module in model.named_modules():
         if isinstance(module, TokenBackbone):
             stem = f'{prefix}.' if prefix else ''
-            keys.update(stem + key for key in module.OPTIONAL_CHECKPOINT_KEYS)
+            keys.update(stem + name for name in names(module))
     return keys
+
+
+def optional_model_keys(model: nn.Module) -> Set[str]:
+    """Keys of ``model`` that a checkpoint may lack (each backbone's optional keys)."""
+    return _backbone_keys(model, lambda backbone: backbone.OPTIONAL_CHECKPOINT_KEYS)
 
 
 def uncovered_keys(model: nn.Module, state_dict: Mapping[str, Any]) -> List[str]:
@@ -44,7 +55,7 @@ def uncovered_keys(model: nn.Module, state_dict: Mapping[str, Any]) -> List[str]
         state_dict: The checkpoint's state dict (a ``module.`` prefix is removed as mmengine
             does).
     """
-    present = {_WRAPPER_PREFIX.sub('', key) for key in state_dict}
+    present = _unwrapped(state_dict)
     optional = optional_model_keys(model)
     return sorted(k for k in model.state_dict() if k not in present and k not in optional)
 
@@ -52,17 +63,13 @@ def uncovered_keys(model: nn.Module, state_dict: Mapping[str, Any]) -> List[str]
 def resized_model_keys(model: nn.Module) -> Set[str]:
     """Keys whose checkpoint tensor may have another shape: backbones resample a position
     grid of another size on load."""
-    keys = set()
-    for prefix, module in model.named_modules():
-        if isinstance(module, TokenBackbone):
-            keys.add(f'{prefix}.pos_embed' if prefix else 'pos_embed')
-    return keys
+    return _backbone_keys(model, lambda backbone: ('pos_embed', ))
 
 
 def mismatched_shapes(model: nn.Module, state_dict: Mapping[str, Any]) -> List[str]:
     """``'key: checkpoint (a, b) vs model (c, d)'`` for each tensor that mmengine's
     ``strict=False`` load would skip (left at its initialisation) for its shape."""
-    ckpt = {_WRAPPER_PREFIX.sub('', key): value for key, value in state_dict.items()}
+    ckpt = _unwrapped(state_dict)
     resized = resized_model_keys(model)
     found = []
     for key, value in model.state_dict().items():
@@ -114,7 +121,7 @@ def check_checkpoint_covers(model: nn.Module, checkpoint: Mapping[str, Any],
     if not missing:
         return
     model_keys = list(model.state_dict())
-    present = {_WRAPPER_PREFIX.sub('', key) for key in state_dict}
+    present = set(_unwrapped(state_dict))
     raise CheckpointCoverageError(
         f'{source} does not hold {len(missing)} of the {len(model_keys)} weights of the model '
         f'to evaluate, which would be evaluated at their random initialisation; missing per '

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from .base import DistillLossBase
-from .precision import autocast_disabled
+from mmlinvit.ops.precision import autocast_disabled
 from .token_utils import TensorOrSeq, patch_tokens
 
 

@@ -39,13 +39,13 @@ Graph capture (``torch.compile``, ``torch.export`` / ONNX export, ``torch.jit.tr
 :func:`linear_attention_graph` instead: the same formula as a handful of whole-tensor ops that
 the compiler fuses and plans memory for (an unrolled chunk loop would only bloat the graph).
 """
-import contextlib
 import math
-from typing import ContextManager, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 
+from ..precision import autocast_disabled
 from .checks import check_feature_map, check_linear_attention_inputs
 
 #: Feature maps the torch path fuses (``identity``: inputs are already feature-mapped).
@@ -66,19 +66,6 @@ MIN_CHUNK_TOKENS = 32
 SINGLE_CHUNK_FACTOR = 4
 
 
-
-def _autocast_off(device: torch.device) -> ContextManager:
-    """Context that switches autocast off on ``device`` (a no-op on the meta device).
-
-    Args:
-        device: Device of the inputs.
-
-    Returns:
-        The context manager.
-    """
-    if device.type == 'meta':  # FLOP counting on meta tensors: autocast has no meta backend
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, enabled=False)
 
 def chunk_tokens(rows: int, width: int, tokens: int,
                  chunk_bytes: Optional[int] = None) -> int:
@@ -287,7 +274,7 @@ class _ChunkedLinearAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, feature_map: str,
                 eps: float, chunk_q: int, chunk_k: int, auto_chunks: bool) -> torch.Tensor:
-        with _autocast_off(q.device):  # fp32 math under AMP too
+        with autocast_disabled(q.device):  # fp32 math under AMP too
             if _can_run_in_output(q, k, v):
                 chunk = chunk_q
                 if auto_chunks:
@@ -313,7 +300,7 @@ class _ChunkedLinearAttention(torch.autograd.Function):
             width = max(q.shape[-1], e + 1)
             chunk_q = chunk_tokens(rows, width, q.shape[-2], BACKWARD_CHUNK_BYTES)
             chunk_k = chunk_tokens(rows, width, k.shape[-2], BACKWARD_CHUNK_BYTES)
-        with _autocast_off(q.device):
+        with autocast_disabled(q.device):
             dq, d_state = _queries_backward(grad_out, q, state, ctx.feature_map, ctx.eps,
                                             chunk_q, need_q)
             dk = dv = None
@@ -371,7 +358,7 @@ def linear_attention_graph(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """
     check_feature_map(feature_map, TORCH_FEATURE_MAPS, 'the torch linear attention')
     check_linear_attention_inputs(q, k, v)
-    with _autocast_off(q.device):  # fp32 math under AMP too
+    with autocast_disabled(q.device):  # fp32 math under AMP too
         q32, k32 = q.float(), k.float()
         if feature_map == 'elu':
             q32, k32 = F.elu(q32) + 1.0, F.elu(k32) + 1.0
