@@ -19,7 +19,7 @@ from .errors import DistillationConfigError
 from .recorders import ModuleInputsRecorder, ModuleRecorder, module_exists
 
 #: Keys of the ``teacher_forcing`` config.
-TEACHER_FORCING_KEYS = ('input_recorder', 'blocks')
+TEACHER_FORCING_KEYS = ('input_recorder', 'blocks', 'with_layer_scale')
 
 
 def count_blocks(model: nn.Module, template: str) -> int:
@@ -42,11 +42,17 @@ class TeacherForcing:
         input_recorder: Name of the teacher recorder (type ``'ModuleInputs'``) holding the
             teacher block inputs.
         blocks: Path of the student's block container (``'<blocks>.<i>'`` is block i).
+        with_layer_scale: Each student block also applies its LayerScale ``ls1`` to the
+            attention output, so that recorders on ``blocks.{i}.ls1`` (student and teacher)
+            match the branch the residual adds; ``False`` stops at the attention module
+            (``blocks.{i}.attn`` recorders).
     """
 
-    def __init__(self, input_recorder: str, blocks: str = 'blocks') -> None:
+    def __init__(self, input_recorder: str, blocks: str = 'blocks',
+                 with_layer_scale: bool = False) -> None:
         self.input_recorder = input_recorder
         self.blocks = blocks
+        self.with_layer_scale = with_layer_scale
 
     @classmethod
     def from_config(cls, cfg: dict) -> 'TeacherForcing':
@@ -59,7 +65,8 @@ class TeacherForcing:
         unknown = sorted(set(cfg) - set(TEACHER_FORCING_KEYS))
         if unknown or 'input_recorder' not in cfg:
             raise DistillationConfigError(
-                f"teacher_forcing takes 'input_recorder' (required) and 'blocks', got keys "
+                f"teacher_forcing takes 'input_recorder' (required), 'blocks' and "
+                f"'with_layer_scale', got keys "
                 f"{sorted(cfg)}")
         return cls(**cfg)
 
@@ -120,7 +127,7 @@ class TeacherForcing:
             if not callable(getattr(block, 'forward_attn', None)):
                 raise DistillationConfigError(
                     f'teacher_forcing: student module {path!r} ({type(block).__name__}) has no '
-                    f'forward_attn(x, hw_shape, num_prefix_tokens)')
+                    f'forward_attn(x, hw_shape, num_prefix_tokens, with_layer_scale)')
         for attr in ('patch_size', 'num_prefix_tokens'):
             if not hasattr(student, attr):
                 raise DistillationConfigError(
@@ -148,7 +155,8 @@ class TeacherForcing:
         for idx, x in zip(recorder.indices, block_inputs):
             block = student.get_submodule(f'{self.blocks}.{idx}')
             try:
-                block.forward_attn(x, hw_shape, student.num_prefix_tokens)
+                block.forward_attn(x, hw_shape, student.num_prefix_tokens,
+                                   with_layer_scale=self.with_layer_scale)
             except RuntimeError as err:
                 if not dry_run:
                     raise
@@ -160,4 +168,4 @@ class TeacherForcing:
 
     def __repr__(self) -> str:
         return (f'{type(self).__name__}(input_recorder={self.input_recorder!r}, '
-                f'blocks={self.blocks!r})')
+                f'blocks={self.blocks!r}, with_layer_scale={self.with_layer_scale})')

@@ -156,10 +156,19 @@ class TransformerBlock(nn.Module):
         self.drop_path2 = DropPath(drop_path_rate)
 
     def forward_attn(self, x: torch.Tensor, hw_shape: Optional[Tuple[int, int]],
-                     num_prefix_tokens: int) -> torch.Tensor:
-        """The attention output of this block for block input ``x`` (teacher forcing uses it)."""
+                     num_prefix_tokens: int, with_layer_scale: bool = False) -> torch.Tensor:
+        """The attention output of this block for block input ``x`` (teacher forcing uses it).
+
+        Args:
+            x: (B, N, C) block input.
+            hw_shape: Patch grid of the tokens.
+            num_prefix_tokens: Class / register tokens before the patches.
+            with_layer_scale: Also apply ``ls1`` (the branch as the residual adds it), so that
+                a recorder on ``ls1`` sees it; the default stops at the attention module.
+        """
         x = self.attn.pre_attention(x, hw_shape, num_prefix_tokens)
-        return self.attn(self.norm1(x), hw_shape, num_prefix_tokens)
+        out = self.attn(self.norm1(x), hw_shape, num_prefix_tokens)
+        return self.ls1(out) if with_layer_scale else out
 
     def forward(self,
                 x: torch.Tensor,

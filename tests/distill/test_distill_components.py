@@ -112,6 +112,51 @@ def test_teacher_forcing_component_without_openmmlab():
         torch.testing.assert_close(recorded[i], expected, rtol=0, atol=0)
 
 
+def test_stage1_with_layer_scale_matches_the_scaled_branch():
+    """The README's restore option for AdaLA Stage 1 on a LayerScale teacher (DINOv2): the
+    matched quantity becomes ls1(attn(norm1(x_i))), the branch the residual adds, instead of
+    the attention output (the two weightings differ by gamma^2)."""
+    cfg = stage1_model_cfg()
+    cfg['teacher_forcing']['with_layer_scale'] = True
+    cfg['teacher_recorders']['attn_out']['source'] = 'blocks.{i}.ls1'
+    cfg['student_recorders']['attn_out']['source'] = 'blocks.{i}.ls1'
+    model = MODELS.build(cfg)
+    model.init_weights()
+    torch.manual_seed(1)
+    for side in (model.student, model.teacher):
+        for blk in side.blocks:
+            assert blk.ls1.gamma.shape == (16, )  # the tiny DINOv2 keeps its LayerScale
+            blk.ls1.gamma.data.uniform_(0.1, 2.0)
+    images = torch.randn(2, 3, IMG_SIZE, IMG_SIZE)
+    model.train()
+    loss = model.loss(images)['distill.loss_attn_out']
+    # independent: teacher block inputs by hooks written here, the MSE of the scaled branches
+    inputs = []
+    hooks = [blk.register_forward_pre_hook(lambda m, a: inputs.append(a[0]))
+             for blk in model.teacher.blocks]
+    with torch.no_grad():
+        model.teacher(images)
+    for hook in hooks:
+        hook.remove()
+    grid, prefix = (GRID, GRID), model.student.num_prefix_tokens
+    with torch.no_grad():
+        per_block = []
+        for x, s_blk, t_blk in zip(inputs, model.student.blocks, model.teacher.blocks):
+            s_out = s_blk.ls1.gamma * s_blk.attn(s_blk.norm1(x), grid, prefix)
+            t_out = t_blk.ls1.gamma * t_blk.attn(t_blk.norm1(x), grid, prefix)
+            per_block.append(((s_out - t_out)**2).mean())
+    expected = torch.stack(per_block).mean()
+    torch.testing.assert_close(loss.detach(), expected, rtol=1e-5, atol=0)
+    # the default (no layer scale) differs on these gammas
+    assert model.teacher_forcing.with_layer_scale
+    model_default = MODELS.build(stage1_model_cfg())
+    model_default.load_state_dict(model.state_dict(), strict=False)
+    model_default.teacher.load_state_dict(model.teacher.state_dict())
+    model_default.train()
+    other = model_default.loss(images)['distill.loss_attn_out'].detach()
+    assert not torch.allclose(other, expected, rtol=1e-3)
+
+
 def _blocks_without_forward_attn() -> nn.Module:
     """A 'student' with two blocks (matching the tiny teacher's depth) and no forward_attn."""
     student = nn.Module()

@@ -348,6 +348,17 @@ def test_student_batch_augments_are_refused_not_dropped():
         MODELS.build(cfg)
 
 
+def test_student_settings_at_the_top_level_are_refused_with_the_fix():
+    # `--cfg-options model.test_cfg.mode=slide` on a *-distill config: a bare TypeError from
+    # the registry before; now the key and where it goes.
+    cfg = task_distill_model(classifier_student(), None)
+    cfg['test_cfg'] = dict(mode='slide')
+    cfg['head'] = dict(num_classes=5)
+    with pytest.raises(DistillationConfigError,
+                       match=r"\['head', 'test_cfg'\].*model\.test_cfg -> model\.student\.test_cfg"):
+        MODELS.build(cfg)
+
+
 def test_student_data_preprocessor_that_differs_is_refused():
     student = classifier_student(
         data_preprocessor=dict(type='ClsDataPreprocessor', mean=[1., 2., 3.], std=[4., 5., 6.]))

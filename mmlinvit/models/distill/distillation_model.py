@@ -47,7 +47,7 @@ from mmlinvit.transfer import build_transfer_strategy, transfer_weights
 from .errors import DistillationConfigError
 from .input_specs import InputSpec, token_layout
 from .recorders import attach_recorders, recording
-from .student_preprocessing import check_student_preprocessing
+from .student_preprocessing import check_student_preprocessing, refuse_student_settings
 from .teacher import build_frozen_teacher
 from .teacher_input_norm import TeacherInputNorm
 from .terms import (build_term, check_connectors_used, check_finite_losses, check_spec,
@@ -126,6 +126,9 @@ class DistillationModel(BaseModel):
             (:func:`.student_preprocessing.check_student_preprocessing`), since they would
             never run.
         init_cfg: mmengine init config.
+        **student_settings: Refused with the fix: keys of the student model given at the
+            top level (``test_cfg``, ``decode_head``, ...; e.g. ``--cfg-options
+            model.test_cfg.mode=slide``), which belong under ``model.student``.
     """
 
     def __init__(self,
@@ -147,7 +150,9 @@ class DistillationModel(BaseModel):
                  check_finite: bool = True,
                  teacher_input_norm: Optional[dict] = None,
                  data_preprocessor: Optional[Union[dict, nn.Module]] = None,
-                 init_cfg: Optional[dict] = None) -> None:
+                 init_cfg: Optional[dict] = None,
+                 **student_settings: object) -> None:
+        refuse_student_settings(student_settings)
         check_student_preprocessing(student, data_preprocessor)
         super().__init__(data_preprocessor=data_preprocessor, init_cfg=init_cfg)
         self.student = MODELS.build(student)

@@ -102,3 +102,26 @@ def check_student_preprocessing(student_cfg: Any,
         '\nPut them in the model\'s data_preprocessor, e.g. data_preprocessor=dict(..., '
         "batch_augments=dict(augments=[dict(type='Mixup', alpha=0.8), dict(type='CutMix', "
         "alpha=1.0)])), and remove them from model.student (or make both the same).")
+
+
+def refuse_student_settings(settings: dict) -> None:
+    """Refuses keys given to a ``DistillationModel`` that belong to its student model.
+
+    A user who adds ``--cfg-options model.test_cfg.mode=slide`` (or ``model.decode_head.*``)
+    to a ``*-distill`` config means the student's setting; without this check mmengine's
+    registry fails with a bare ``TypeError`` about an unexpected keyword.
+
+    Args:
+        settings: The unexpected keyword arguments of the ``DistillationModel``.
+
+    Raises:
+        DistillationConfigError: Naming each key and where it goes (``model.student.<key>``).
+    """
+    if not settings:
+        return
+    names = sorted(settings)
+    moved = ', '.join(f'model.{name} -> model.student.{name}' for name in names)
+    raise DistillationConfigError(
+        f'DistillationModel got {names}, which it does not take: settings of the trained '
+        f'model (test_cfg, train_cfg, backbone, heads, ...) go under model.student in a '
+        f'distillation config ({moved}; e.g. --cfg-options model.student.test_cfg.mode=slide)')
