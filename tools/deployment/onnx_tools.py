@@ -126,26 +126,6 @@ def load_weights(module: nn.Module, path: str, where: str,
                    f'unexpected {unexpected[:8]}{"..." if len(unexpected) > 8 else ""}')
 
 
-def _drop_checkpoint_loading(node: Any) -> None:
-    """Removes ``pretrained`` / ``Pretrained`` init / teacher checkpoints from a model config
-    (the weights come from the exported checkpoint instead)."""
-    if isinstance(node, dict):
-        if node.get('pretrained'):
-            node['pretrained'] = None
-        init_cfg = node.get('init_cfg')
-        if isinstance(init_cfg, dict) and init_cfg.get('type') == 'Pretrained':
-            node['init_cfg'] = None
-        for key in list(node):
-            if (key.endswith('_ckpt') or key.endswith('checkpoint')) and isinstance(
-                    node[key], str):
-                node[key] = None
-        for value in node.values():
-            _drop_checkpoint_loading(value)
-    elif isinstance(node, (list, tuple)):
-        for value in node:
-            _drop_checkpoint_loading(value)
-
-
 def build_export_module(config: str,
                         checkpoint: Optional[str],
                         part: str = 'auto',
@@ -175,6 +155,7 @@ def build_export_module(config: str,
     from mmengine.registry import MODELS, init_default_scope
 
     from mmlinvit.engine.launch import adapt_to_device, load_config
+    from mmlinvit.engine.preflight import clear_checkpoints
     from mmlinvit.models.distill import DistillationModel
     if part not in PARTS:
         raise ValueError(f'part must be one of {PARTS}, got {part!r}')
@@ -182,7 +163,7 @@ def build_export_module(config: str,
         raise ValueError(f'which must be one of {WHICH}, got {which!r}')
     cfg = load_config(config, cfg_options)
     init_default_scope(cfg.get('default_scope', 'mmseg'))
-    _drop_checkpoint_loading(cfg.model)
+    clear_checkpoints(cfg.model)  # the weights come from the exported checkpoint instead
     if cfg.get('data_preprocessor') is not None:  # as mmengine's Runner merges it
         cfg.model.setdefault('data_preprocessor', cfg.data_preprocessor)
     adapt_to_device(cfg)
