@@ -262,6 +262,10 @@ def test_gpu_suite_dry_run_writes_json_and_png(tmp_path):
     assert elu['speed x flash'] > 0 and len(elu['eager speed x spread']) == 3
     assert any('SPEED' in line and 'FlashAttention' in line for line in result['verdicts'])
     assert any('MEMORY' in line for line in result['verdicts'])
+    # launch sweeps: the 16-bit-operand forward variants first, each with its fp32 error
+    la_sweep = result['sweeps']['linear_attention']
+    assert la_sweep[0]['variant'] == 'dot_16bit=True' and 'error' not in la_sweep[0]
+    assert all(0 <= la_sweep[0][f'fwd N={n} err vs fp32'] < 1e-4 for n in (40, 70))  # fp32 run
     assert (tmp_path / 'suite.png').read_bytes()[:8] == PNG_SIGNATURE
     assert sorted(p.name for p in tmp_path.iterdir()) == ['suite.json', 'suite.png']
     assert 'correctness PASSED' in proc.stdout

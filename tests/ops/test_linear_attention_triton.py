@@ -158,6 +158,52 @@ def test_half_precision_inputs(kernels, dtype):
         torch.testing.assert_close(out.float(), ref.float(), atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize('feature_map,n,m,d,e', [('elu', 197, 130, 64, 64),
+                                                  ('elu', 1025, 1025, 48, 40),
+                                                  ('inline', 63, 197, 64, 64)])
+@run_here
+def test_forward_dots_on_16bit_operands(kernels, monkeypatch, feature_map, n, m, d, e):
+    """The sweep option ``dot_16bit`` (16-bit dot operands, fp32 accumulation) on fp16
+    inputs (the interpreter's fp16 dots are exact): against fp32 math on the same inputs,
+    with and without the option, ragged shapes, forward and backward."""
+    fused, device = kernels
+    base = fused._LaunchConfig
+
+    class Dot16(base):
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.dot_16bit = True
+
+    q, k, v = _qkv(n, m, d, e, device, heads=2, dtype=torch.float16)
+    assert Dot16(d, e, device, 'ieee').forward_dot_16bit(q, k, v)
+    assert not Dot16(d, e, device, 'ieee').forward_dot_16bit(q, k, v.float())
+    if feature_map == 'inline':
+        scale = d**-0.5
+        ref = inline_attention_torch(q.float(), k.float(), v.float(), scale)
+        run = lambda: fused.inline_attention_triton(q, k, v, scale)  # noqa: E731
+    else:
+        ref = _reference(q.float(), k.float(), v.float(), feature_map)
+        run = lambda: fused.linear_attention_triton(q, k, v, feature_map)  # noqa: E731
+    default = run()
+    monkeypatch.setattr(fused, '_LaunchConfig', Dot16)
+    out = run()
+    assert out.dtype == torch.float16
+    scale_ref = ref.abs().max().item()
+    err16 = (out.float() - ref).abs().max().item() / scale_ref
+    err_default = (default.float() - ref).abs().max().item() / scale_ref
+    # operands rounded to fp16 (11 bits): within a few output roundings of fp32 operands
+    assert err16 < 4e-3 and err_default < 2e-3, (err16, err_default)
+    assert not torch.equal(out, default)  # the option changes the path
+    # the backward kernels are unchanged; they read the state the 16-bit forward saved
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), grad)
+    want = torch.autograd.grad(ref, (q, k, v), grad.float())
+    for name, a, b in zip('qkv', got, want):
+        assert a.dtype == b.dtype == torch.float16, name
+        torch.testing.assert_close(a.float(), b.float(), atol=1e-3, rtol=1e-2, msg=name)
+
+
 @run_here
 def test_fp16_sums_do_not_overflow(kernels):
     fused, device = kernels

@@ -112,8 +112,12 @@ def _state_kernel(K, V, S_PART, Z_PART, VBAR_PART,
                   num_heads, M, D, E, inv_m, tiles_per_chunk,
                   FEATURE: tl.constexpr, WITH_VBAR: tl.constexpr, PRECISION: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
-                  EVEN_D: tl.constexpr, EVEN_E: tl.constexpr):
-    """Partial S = phi(K)^T V / M, z = sum phi(k) / M (and vbar) of one key chunk."""
+                  EVEN_D: tl.constexpr, EVEN_E: tl.constexpr, DOT_16BIT: tl.constexpr = False):
+    """Partial S = phi(K)^T V / M, z = sum phi(k) / M (and vbar) of one key chunk.
+
+    ``DOT_16BIT`` (16-bit inputs): the dot takes phi(k) rounded to the input dtype and v as
+    loaded (fp32 accumulation), instead of fp32 / TF32 operands: v then needs no register
+    round trip and the operands half the shared memory."""
     pid_bh = tl.program_id(0)
     pid_chunk = tl.program_id(1)
     n_chunks = tl.num_programs(1)
@@ -133,12 +137,19 @@ def _state_kernel(K, V, S_PART, Z_PART, VBAR_PART,
         mask_k = _tile_mask(mask_m, offs_d, D, EVEN_D, BLOCK_M, BLOCK_D)
         mask_v = _tile_mask(mask_m, offs_e, E, EVEN_E, BLOCK_M, BLOCK_E)
         k = _load_rows(k_base, offs_m, stride_km, offs_d, stride_kd, mask_k)
-        v = _load_rows(v_base, offs_m, stride_vm, offs_e, stride_ve, mask_v)
         phi_k = tl.where(mask_k, _feature(k, FEATURE), 0.0)
-        acc_s = tl.dot(tl.trans(phi_k), v, acc_s, input_precision=PRECISION)
+        if DOT_16BIT:
+            v_in = tl.load(v_base + offs_m[:, None].to(tl.int64) * stride_vm +
+                           offs_e[None, :] * stride_ve, mask=mask_v, other=0.0)
+            acc_s = tl.dot(tl.trans(phi_k.to(v_in.dtype)), v_in, acc_s)
+            if WITH_VBAR:
+                acc_v += tl.sum(v_in.to(tl.float32), axis=0)
+        else:
+            v = _load_rows(v_base, offs_m, stride_vm, offs_e, stride_ve, mask_v)
+            acc_s = tl.dot(tl.trans(phi_k), v, acc_s, input_precision=PRECISION)
+            if WITH_VBAR:
+                acc_v += tl.sum(v, axis=0)
         acc_z += tl.sum(phi_k, axis=0)
-        if WITH_VBAR:
-            acc_v += tl.sum(v, axis=0)
 
     part = bh * n_chunks + pid_chunk
     tl.store(S_PART + part * BLOCK_D * BLOCK_E + offs_d[:, None] * BLOCK_E + offs_e[None, :],
@@ -155,14 +166,19 @@ def _output_kernel(Q, S, Z, VBAR, O,
                    num_heads, N, D, E, eps, scale, tiles_per_program,
                    FEATURE: tl.constexpr, INLINE: tl.constexpr, PRECISION: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
-                   EVEN_D: tl.constexpr, EVEN_E: tl.constexpr):
+                   EVEN_D: tl.constexpr, EVEN_E: tl.constexpr, DOT_16BIT: tl.constexpr = False):
     """out = phi(Q) S / (phi(Q) z + eps), or InLine s Q S + (1 - s Q kbar) vbar, for
-    ``tiles_per_program`` consecutive query tiles (the head's state is loaded once)."""
+    ``tiles_per_program`` consecutive query tiles (the head's state is loaded once).
+
+    ``DOT_16BIT`` (16-bit inputs): phi(q) and the state enter the dot rounded to the input
+    dtype (fp32 accumulation; the denominator stays fp32)."""
     b, h, bh = _head_program(tl.program_id(0), num_heads)
     pid_n = tl.program_id(1)
     offs_d = tl.arange(0, BLOCK_D)
     offs_e = tl.arange(0, BLOCK_E)
     state = _load_padded_matrix(S, bh, offs_d, offs_e, BLOCK_D, BLOCK_E)
+    if DOT_16BIT:
+        state = state.to(Q.dtype.element_ty)
     z = tl.load(Z + bh * BLOCK_D + offs_d)
     if INLINE:
         vbar = tl.load(VBAR + bh * BLOCK_E + offs_e)
@@ -176,7 +192,10 @@ def _output_kernel(Q, S, Z, VBAR, O,
         mask_o = _tile_mask(mask_n, offs_e, E, EVEN_E, BLOCK_N, BLOCK_E)
         q = _load_rows(q_base, offs_n, stride_qn, offs_d, stride_qd, mask_q)
         phi_q = tl.where(mask_q, _feature(q, FEATURE), 0.0)
-        num = tl.dot(phi_q, state, input_precision=PRECISION)
+        if DOT_16BIT:
+            num = tl.dot(phi_q.to(Q.dtype.element_ty), state)
+        else:
+            num = tl.dot(phi_q, state, input_precision=PRECISION)
         qz = tl.sum(phi_q * z[None, :], axis=1)
         if INLINE:
             out = scale * num + (1.0 - scale * qz)[:, None] * vbar[None, :]
@@ -343,6 +362,12 @@ class _LaunchConfig:
                 device).multi_processor_count
         else:  # interpreter: several chunks per head to exercise the partial-sum path
             self.target_programs = 0
+        #: Forward dots on 16-bit operands (phi rounded to the input dtype, fp32 accumulation)
+        #: for 16-bit inputs of one dtype, instead of fp32 / TF32 operands.  Off until a GPU
+        #: sweep (gpu_suite.py --sections sweeps) measures it: sm_90 SASS shows the fp32 path
+        #: round-trips every tile through registers into fp32 shared-memory operands.  Not
+        #: applied to bf16 in the interpreter, whose bf16 dots are wrong.
+        self.dot_16bit = False
         #: Output-kernel programs to aim at (None: one query tile per program).  H200 sweep
         #: (gpu_suite.py, d = e = 64, bf16): 4 per multiprocessor, forward 0.095 vs 0.115 ms
         #: at N = 16k and 0.318 vs 0.397 ms at 64k, against one tile per program.
@@ -373,6 +398,20 @@ class _LaunchConfig:
             per_program = triton.cdiv(tiles, per_head)
         per_program = max(1, min(per_program, tiles))
         return per_program, triton.cdiv(tiles, per_program)
+
+    def forward_dot_16bit(self, *tensors: torch.Tensor) -> bool:
+        """Whether the forward kernels take 16-bit dot operands for these inputs.
+
+        Args:
+            *tensors: q, k, v.
+        """
+        dtypes = {t.dtype for t in tensors}
+        if not self.dot_16bit or len(dtypes) != 1:
+            return False
+        dtype = dtypes.pop()
+        if INTERPRETED:
+            return dtype == torch.float16
+        return dtype in (torch.float16, torch.bfloat16)
 
     def kernel_options(self, backward: bool = False) -> dict:
         """Launch keyword arguments shared by the forward (or the backward) kernels."""
@@ -411,7 +450,7 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, feature: int, in
     m, e = v.shape[-2], v.shape[-1]
     bh = batch * heads
     dev = q.device
-    opts = cfg.kernel_options()
+    opts = dict(cfg.kernel_options(), DOT_16BIT=cfg.forward_dot_16bit(q, k, v))
     tiles_per_chunk, n_chunks = cfg.chunking(m, bh, cfg.block_state)
     s_part = torch.empty(bh, n_chunks, cfg.block_d, cfg.block_e, dtype=torch.float32, device=dev)
     z_part = torch.empty(bh, n_chunks, cfg.block_d, dtype=torch.float32, device=dev)
