@@ -29,6 +29,7 @@ import torch
 
 from mmlinvit.backbones import VisionTransformer
 from mmlinvit.backbones.arch_zoo import VIT_FAMILIES, VIT_SIZES
+from mmlinvit.backbones.operator_setting import declared_setting
 from mmlinvit.layers.attention import ATTENTION_OPERATORS
 from mmlinvit.layers.pos_embed import infer_square_grid
 from mmlinvit.converters import (check_state_dict_fits, convert_state_dict, layout_names,
@@ -199,6 +200,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     elif teacher.pos_embed is not None:  # the resolution the teacher's grid was learned at
         grid = [side * teacher.patch_size for side in teacher.pos_grid]
         student_cfg['img_size'] = grid[0] if grid[0] == grid[1] else grid
+    layer_operators = attn_cfg if isinstance(attn_cfg, (list, tuple)) else [attn_cfg]
+    if declared_setting(layer_operators):
+        # MHLA / TTT: the teacher's class token / learned positions are not given to the
+        # student, whose backbone then takes the operators' paper setting (and warns so)
+        # unless the flags below set them.
+        for key in ('with_cls_token', 'pos_embed_type', 'out_type'):
+            student_cfg[key] = None
     if args.student_no_cls:
         student_cfg.update(with_cls_token=False, out_type='avg_featmap')
     if args.student_pos_embed is not None:

@@ -24,6 +24,7 @@ from mmengine.runner import Runner
 from mmlinvit.config_scopes import register_config_scopes
 from mmlinvit.converters.checkpoint_file import check_checkpoint_file
 
+from .accumulation import adapt_to_accumulation, check_amp_device
 from .preflight import check_inputs, clear_checkpoints
 from .resume import check_resume_or_load_from, resume_randomness
 
@@ -386,7 +387,10 @@ def add_training_safeguards(cfg: Config) -> Config:
       save non-finite weights;
     * unless the config sets ``exact_resume = False``: ``mmlinvit.RandomStateHook`` (random
       states of every rank saved in checkpoints, restored on ``--resume``) and per-sample
-      random streams for the data pipeline (:func:`seed_samples_of_train_loader`).
+      random streams for the data pipeline (:func:`seed_samples_of_train_loader`);
+    * an early error for ``AmpOptimWrapper`` without a device that runs it, and gradient
+      accumulation counted by ``auto_scale_lr`` (EMA momentum / checkpoint interval warned):
+      :mod:`mmlinvit.engine.accumulation`.
 
     Args:
         cfg: The prepared config, changed in place.
@@ -394,6 +398,8 @@ def add_training_safeguards(cfg: Config) -> Config:
     Returns:
         The same config.
     """
+    check_amp_device(cfg)
+    adapt_to_accumulation(cfg)
     _add_custom_hook(cfg, 'mmlinvit.CheckFiniteHook')
     if cfg.get('exact_resume', True):
         _add_custom_hook(cfg, 'mmlinvit.RandomStateHook')

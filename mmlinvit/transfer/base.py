@@ -433,3 +433,15 @@ class AttentionInitStrategy(TransferStrategy):
 
     def options(self) -> Dict[str, Any]:
         return dict(base=self.base.name, base_options=self.base.options())
+
+    @staticmethod
+    def run_seed(seed: Optional[int]) -> int:
+        """``seed``, or for ``None`` the seed of torch's default generator: the run's
+        ``randomness.seed`` under mmengine (set before weights are initialised), ``--seed`` of
+        ``tools/linearize.py``; so runs with other seeds draw other structured inits, as the
+        official code (which draws from torch's global generator) does.
+
+        Args:
+            seed: The strategy's ``seed`` option.
+        """
+        return torch.initial_seed() % 2**31 if seed is None else int(seed)

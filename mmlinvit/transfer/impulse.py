@@ -226,7 +226,8 @@ class ImpulseInit(AttentionInitStrategy):
         window: Side of the neighbourhood the shifts are drawn from (odd; paper: 3 or 5).
         steps: Adam steps of the bank fit.
         lr: Adam learning rate of the bank fit.
-        seed: Seed of the fit, of the per-head shifts and of the per-head rotations.
+        seed: Seed of the fit, of the per-head shifts and of the per-head rotations;
+            ``None`` (default) takes the run's seed (:meth:`run_seed`).
         cache_dir: Folder of cached banks; ``None`` uses :data:`DEFAULT_IMPULSE_CACHE`.
         use_cache: Set ``False`` to always fit and write nothing to disk.
         base: Copy strategy applied first (``'random'`` or ``'mlp_copy'``).
@@ -240,7 +241,7 @@ class ImpulseInit(AttentionInitStrategy):
                  window: int = 3,
                  steps: int = 200,
                  lr: float = 1e-2,
-                 seed: int = 0,
+                 seed: Optional[int] = None,
                  cache_dir: Optional[str] = None,
                  use_cache: bool = True,
                  base: Union[str, dict] = 'random',
@@ -284,11 +285,12 @@ class ImpulseInit(AttentionInitStrategy):
         grid = tuple(student.pos_grid)
         c, heads = student.embed_dims, student.num_heads
         d = student.blocks[0].attn.head_dims
+        seed = self.run_seed(self.seed)
         bank = load_or_fit_impulse_bank(self.position_tokens(student), grid, d, self.window,
-                                        self.steps, self.lr, self.seed, self.cache_dir,
+                                        self.steps, self.lr, seed, self.cache_dir,
                                         self.fit_loss)
         shifts = bank['shifts']
-        gen = torch.Generator().manual_seed(self.seed)
+        gen = torch.Generator().manual_seed(seed)
         written = set()
         chosen = []
         for i, block in enumerate(student.blocks):
@@ -305,7 +307,7 @@ class ImpulseInit(AttentionInitStrategy):
             chosen.append(layer_shifts)
             written.add(f'blocks.{i}.attn.qkv.weight')
         report.details.update(
-            shifts=chosen, grid=list(grid), fit_loss=bank['loss'],
+            seed=seed, shifts=chosen, grid=list(grid), fit_loss=bank['loss'],
             fit_peak_fraction_min=min(bank['peak']), cache_file=bank['cache_file'],
             cache_hit=bank['cache_hit'])
         return written

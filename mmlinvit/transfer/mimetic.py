@@ -23,7 +23,7 @@ nothing, ``'mlp_copy'``: MLPs and their norms); the teacher is still needed for 
 report and the architecture check.
 """
 import math
-from typing import Any, Dict, Set, Tuple, Union
+from typing import Any, Dict, Optional, Set, Tuple, Union
 
 import torch
 
@@ -80,7 +80,8 @@ class MimeticInit(AttentionInitStrategy):
         beta: Identity weight of ``W_q W_k^T`` (paper: 0.7).
         v_alpha: Noise weight of ``W_v W_proj`` (paper: 0.4).
         v_beta: Identity weight subtracted in ``W_v W_proj`` (paper: 0.4).
-        seed: Layer ``i`` uses ``seed + i``.
+        seed: Layer ``i`` uses ``seed + i``; ``None`` (default) takes the run's seed
+            (:meth:`run_seed`).
         base: Copy strategy applied first (``'random'`` or ``'mlp_copy'``).
     """
 
@@ -91,7 +92,7 @@ class MimeticInit(AttentionInitStrategy):
                  beta: float = 0.7,
                  v_alpha: float = 0.4,
                  v_beta: float = 0.4,
-                 seed: int = 0,
+                 seed: Optional[int] = None,
                  base: Union[str, dict] = 'random') -> None:
         super().__init__(base)
         self.alpha = alpha
@@ -102,11 +103,13 @@ class MimeticInit(AttentionInitStrategy):
 
     def initialize(self, student: VisionTransformer, report: TransferReport) -> Set[str]:
         c, heads = student.embed_dims, student.num_heads
+        seed = self.run_seed(self.seed)
+        report.details.update(seed=seed)
         written = set()
         for i, block in enumerate(student.blocks):
             attn = block.attn
             d = attn.head_dims
-            gen = torch.Generator().manual_seed(self.seed + i)
+            gen = torch.Generator().manual_seed(seed + i)
             qk, vo = mimetic_targets(c, heads, self.alpha, self.beta, self.v_alpha, self.v_beta,
                                      gen)
             # The SVDs run in float32 on the weights' device (a GPU makes ViT-L instant).

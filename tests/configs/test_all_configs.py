@@ -156,3 +156,18 @@ def test_imagenet_pipelines_decode_as_pil_without_exif_rotation(rel, tmp_path):
         img = load(dict(img_path=path))['img']
         assert img.shape == reference.shape == (30, 40, 3)
         np.testing.assert_array_equal(img, reference)
+
+
+@pytest.mark.parametrize('rel', MODEL_CONFIGS)
+def test_validated_configs_keep_their_best_checkpoint(rel):
+    """A config that validates keeps its best checkpoint besides the last max_keep_ckpts
+    (mmseg's configs by mIoU; DeiT keeps its best by top-1): without save_best, the rotation
+    deleted the best epoch of a run whose accuracy later fell."""
+    cfg = Config.fromfile(osp.join(CONFIG_ROOT, rel))
+    if not cfg.get('val_evaluator', None) or not cfg.get('val_dataloader', None):
+        return
+    hook = cfg.default_hooks.checkpoint
+    if rel.startswith('demo/'):  # one checkpoint, at the end, after the only validation
+        assert hook.interval == cfg.train_cfg.max_iters == cfg.train_cfg.val_interval, rel
+        return
+    assert hook.get('save_best') in ('auto', 'mIoU'), rel

@@ -113,3 +113,27 @@ def test_amp_skipped_steps_stay_allowed(tmp_path, toy_root, monkeypatch):
     ckpt = torch.load(osp.join(work_dir, 'iter_6.pth'), map_location='cpu', weights_only=False)
     assert ckpt['optimizer']['loss_scaler']['scale'] == 512.0  # one skipped step
     assert all_finite(osp.join(work_dir, 'iter_6.pth'))
+def test_amp_run_whose_every_step_is_skipped_stops(tmp_path, toy_root, monkeypatch):
+    # NaN gradients from iteration 3 on, the loss finite: the scaler skips every step and
+    # halves its scale, the weights never change. The run used to finish (exit 0) writing
+    # checkpoints of frozen weights; now it stops once the scale is below min_loss_scale.
+    import mmengine.optim.optimizer.amp_optimizer_wrapper as amp
+    if not torch.cuda.is_available():
+        monkeypatch.setattr(amp, 'is_cuda_available', lambda: True)
+        monkeypatch.setattr(amp, 'GradScaler', functools.partial(torch.amp.GradScaler,
+                                                                 device='cpu'))
+    work_dir = str(tmp_path / 'wd')
+    cfg = toy_config(toy_root, work_dir, max_iters=16, interval=4)
+    cfg.optim_wrapper.loss_scale = dict(init_scale=1024.0, growth_interval=1000)
+    cfg.custom_hooks = [dict(type='mmlinvit.CheckFiniteHook', min_loss_scale=1.0)]
+    path = dump(cfg, str(tmp_path / 'cfg.py'),
+                hooks=[dict(type='PoisonHook', at_iter=3, param=PATCH_WEIGHT, what='grad',
+                            every_iter_after=True)])
+    # 1024 halves at iterations 3, 4, ...: 0.5 < 1 after the 11th skip, iteration 13
+    with pytest.raises(FloatingPointError,
+                       match=r'loss scale 0\.5 fell below min_loss_scale 1 at iteration 13.*'
+                             r'iter_12\.pth.*bfloat16'):
+        load_tool('train').main([path, '--work-dir', work_dir, '--amp'])
+    assert not osp.exists(osp.join(work_dir, 'iter_16.pth'))
+
+

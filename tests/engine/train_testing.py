@@ -238,17 +238,22 @@ class PoisonHook(Hook):
         param: Parameter name in the (unwrapped) model.
         what: ``'weight'`` (fill the weight with NaN: the loss turns NaN) or ``'grad'`` (its
             gradient of that iteration is NaN while the loss stays finite).
+        every_iter_after: Also poison every later iteration (``what='grad'``).
     """
 
     priority = 'LOWEST'
 
-    def __init__(self, at_iter: int, param: str, what: str = 'weight') -> None:
+    def __init__(self, at_iter: int, param: str, what: str = 'weight',
+                 every_iter_after: bool = False) -> None:
         self.at_iter = at_iter
         self.param = param
         self.what = what
+        self.every_iter_after = every_iter_after
 
     def before_train_iter(self, runner, batch_idx, data_batch=None) -> None:
-        if runner.iter + 1 != self.at_iter:
+        due = (runner.iter + 1 >= self.at_iter if self.every_iter_after else
+               runner.iter + 1 == self.at_iter)
+        if not due:
             return
         model = runner.model.module if is_model_wrapper(runner.model) else runner.model
         param = dict(model.named_parameters())[self.param]

@@ -74,3 +74,21 @@ def test_registry_message_plural():
     assert 'strateg' + 'ys' not in str(exc.value)
     with pytest.raises(KeyError, match='Registered attention operators: '):
         ATTENTION_OPERATORS.get('nope')
+
+
+@pytest.mark.parametrize('operator', ['mhla', 'ttt'])
+def test_mhla_and_ttt_students_take_their_paper_setting(teacher, tmp_path, operator):
+    """A class-token DeiT teacher and --operator mhla / ttt without the student flags: a
+    traceback whose fix was config syntax before; now the student takes the operators' paper
+    setting (no class token, sin-cos positions, average pooling), says so, and the MLPs copy."""
+    out = str(tmp_path / f'{operator}.pth')
+    proc = _run([teacher, out, '--arch', TINY, '--operator', operator,
+                 '--strategy', 'mlp_copy'])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert 'Traceback' not in proc.stderr
+    assert 'with_cls_token=False' in proc.stderr  # the backbone's warning names the setting
+    state = torch.load(out, weights_only=False)
+    weights = state.get('state_dict', state)
+    assert 'cls_token' not in weights and 'pos_embed' not in weights
+    teacher_state = torch.load(teacher, weights_only=True)
+    assert torch.equal(weights['blocks.0.mlp.fc1.weight'], teacher_state['blocks.0.mlp.fc1.weight'])

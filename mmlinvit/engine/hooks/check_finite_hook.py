@@ -71,7 +71,10 @@ class CheckFiniteHook(Hook):
     * every logged loss term (keys containing ``loss``) and the total loss;
     * the gradient norm the optimizer wrapper computed for ``clip_grad`` (``train/grad_norm``,
       present when ``clip_grad`` is configured).  With ``AmpOptimWrapper`` a non-finite
-      gradient norm is allowed: the loss scaler skips that step and lowers its scale;
+      gradient norm is allowed: the loss scaler skips that step and lowers its scale; but a
+      scale that fell below ``min_loss_scale`` means step after step was skipped (nothing
+      trains while checkpoints keep being written), and stops the run (as fairseq's dynamic
+      loss scaler does);
     * all parameters and floating buffers of the model, when a checkpoint is due at this
       iteration / epoch (so a NaN checkpoint is never written and no good one is deleted
       for it).
@@ -81,12 +84,16 @@ class CheckFiniteHook(Hook):
     Args:
         check_params_every_iter: Also check the parameters after every iteration (one
             reduction over all weights per iteration), not only before checkpoints.
+        min_loss_scale: With ``AmpOptimWrapper``: stop when a dynamic loss scale falls below
+            this (from the default 65536, about 29 skipped steps without a good one between).
     """
 
     priority = 'ABOVE_NORMAL'
 
-    def __init__(self, check_params_every_iter: bool = False) -> None:
+    def __init__(self, check_params_every_iter: bool = False,
+                 min_loss_scale: float = 1e-4) -> None:
         self.check_params_every_iter = check_params_every_iter
+        self.min_loss_scale = min_loss_scale
         self._grad_lengths: Dict[str, int] = {}
 
     # ------------------------------------------------------------------ helpers
@@ -100,6 +107,19 @@ class CheckFiniteHook(Hook):
         if isinstance(wrapper, OptimWrapperDict):
             return any(isinstance(w, AmpOptimWrapper) for w in wrapper.values())
         return isinstance(wrapper, AmpOptimWrapper)
+
+    @staticmethod
+    def _loss_scales(runner) -> List[float]:
+        """The current scales of the dynamic loss scalers of the AMP optimizer wrappers."""
+        wrapper = runner.optim_wrapper
+        wrappers = wrapper.values() if isinstance(wrapper, OptimWrapperDict) else [wrapper]
+        scales = []
+        for item in wrappers:
+            scaler = getattr(item, 'loss_scaler', None) if isinstance(item,
+                                                                      AmpOptimWrapper) else None
+            if scaler is not None and scaler.is_enabled():
+                scales.append(float(scaler.get_scale()))
+        return scales
 
     @staticmethod
     def _last_checkpoint(runner) -> str:
@@ -163,6 +183,17 @@ class CheckFiniteHook(Hook):
                 if not math.isfinite(number):
                     self._fail(runner, f'Non-finite gradient ({name}={number}; the loss was '
                                f'finite, so the backward pass overflowed)', where)
+        else:
+            low = [scale for scale in self._loss_scales(runner) if scale < self.min_loss_scale]
+            if low:
+                raise FloatingPointError(
+                    f'AMP loss scale {low[0]:.3g} fell below min_loss_scale '
+                    f'{self.min_loss_scale:g} at {where}: the scaler skipped step after step '
+                    f'because the gradients were not finite, so the weights have stopped '
+                    f'changing ({self._last_checkpoint(runner)}). Lower the learning rate, '
+                    f'enable or tighten optim_wrapper.clip_grad, or train in bf16 '
+                    f'(--cfg-options optim_wrapper.dtype=bfloat16) or fp32, then --resume; '
+                    f'custom_hooks CheckFiniteHook min_loss_scale sets the threshold.')
         if self.check_params_every_iter or checkpoint_due(runner, 'iter'):
             self._check_params(runner, where)
 

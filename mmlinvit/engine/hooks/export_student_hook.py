@@ -1,6 +1,7 @@
 """Exports the distilled student backbone as a plain weights file next to each checkpoint."""
 import os
 import os.path as osp
+from typing import Dict
 
 import torch
 from mmengine.dist import is_main_process
@@ -16,7 +17,9 @@ class ExportStudentHook(Hook):
     """Writes the student backbone's weights to ``<work_dir>/student_backbone.pth`` whenever a
     checkpoint is saved.
 
-    The file holds the student backbone's state dict only (canonical keys, tensors only; no
+    The file holds the student backbone's weights as the checkpoint being saved holds them
+    (with mmengine's ``EMAHook``: the averaged weights, which are validated, saved and exported
+    by ``tools/model_converters/export_student.py`` too); the student backbone's state dict only (canonical keys, tensors only; no
     teacher, connectors, distillation-model mask token or training state; a backbone's own
     mask token and training records are part of it), so any backbone config loads it with
     ``pretrained=<file>`` under ``torch.load(weights_only=True)``.  Runner checkpoints also
@@ -31,7 +34,9 @@ class ExportStudentHook(Hook):
             checkpoint; match the ``CheckpointHook``.
     """
 
-    priority = 'NORMAL'
+    #: After every other hook's ``before_save_checkpoint``: ``EMAHook`` swaps the averaged
+    #: weights into the checkpoint there, and the export holds what the checkpoint holds.
+    priority = 'VERY_LOW'
 
     def __init__(self, filename_tmpl: str = 'student_backbone.pth', by_epoch: bool = True) -> None:
         self.filename_tmpl = filename_tmpl
@@ -46,11 +51,37 @@ class ExportStudentHook(Hook):
         tag = f'epoch_{meta["epoch"]}' if self.by_epoch else f'iter_{meta["iter"]}'
         path = osp.join(runner.work_dir, self.filename_tmpl.format(tag))
         if is_main_process():
-            state = {k: v.detach().cpu().clone()
-                     for k, v in model.student_backbone().state_dict().items()}
+            state = student_backbone_state(model, checkpoint['state_dict'])
             # written beside and renamed: an interrupted write never leaves a truncated file
             # where the last complete export was
             tmp = f'{path}.tmp'
             torch.save(state, tmp)
             os.replace(tmp, path)
             print_log(f'Exported the student backbone ({tag}) to {path}', logger='current')
+
+
+def student_backbone_state(model: torch.nn.Module,
+                           state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """The student backbone's entries of a distillation model's checkpoint state dict.
+
+    Args:
+        model: The (unwrapped) ``DistillationModel``.
+        state_dict: The checkpoint's ``state_dict`` (mmengine's ``EMAHook`` has put the
+            averaged weights there).
+
+    Returns:
+        Backbone keys -> CPU copies of the checkpoint's tensors.
+
+    Raises:
+        KeyError: The checkpoint lacks some of the backbone's keys (named).
+    """
+    backbone = model.student_backbone()
+    name = next(name for name, module in model.named_modules() if module is backbone)
+    prefix = f'{name}.' if name else ''
+    state = {key[len(prefix):]: value.detach().cpu().clone()
+             for key, value in state_dict.items() if key.startswith(prefix)}
+    missing = sorted(set(backbone.state_dict()) - set(state))
+    if missing:
+        raise KeyError(f'The checkpoint being saved lacks student backbone keys under '
+                       f'{prefix!r}: {missing[:8]}')
+    return state

@@ -1,0 +1,125 @@
+"""Training options that must know about gradient accumulation, and the AMP device check.
+
+``optim_wrapper.accumulative_counts = k`` makes one optimizer step out of k iterations, so the
+effective batch is ``world_size x batch_size x k``.  Three mmengine mechanisms count
+iterations, not optimizer steps, and would silently train something else:
+
+* ``auto_scale_lr`` scales the lr by ``world_size x batch_size / base_batch_size`` (k left
+  out; mmengine PR #1080 is still open): the lr is k times too low.  Here the base batch is
+  divided by k, so the ratio is that of the effective batch (as the official Adventurer and
+  DeiT code compute it), and the log says so.
+* ``EMAHook`` updates after every iteration: k updates per optimizer step, a horizon k times
+  shorter than the configured momentum says.  Between two steps the weights do not change, so
+  k updates with momentum ``1 - (1 - m)^(1/k)`` equal one with ``m``: the warning gives that.
+* a checkpoint written inside an accumulation window loses the gradients accumulated so far
+  on ``--resume`` (mmengine warns only then): warned at the start when the checkpoint
+  interval (in iterations) is not a multiple of k.
+
+:func:`check_amp_device` fails at once when ``AmpOptimWrapper`` cannot run (mmengine refuses
+CPU-only machines only after the model and data are built).
+"""
+import logging
+from typing import Any, List, Optional
+
+from mmengine.config import Config
+from mmengine.logging import print_log
+
+#: mmengine ``EMAHook`` default momentum (``ExponentialMovingAverage``).
+EMA_DEFAULT_MOMENTUM = 0.0002
+
+
+def accumulative_counts(cfg: Config) -> int:
+    """``optim_wrapper.accumulative_counts`` of a config (1 when unset).
+
+    Args:
+        cfg: The config.
+    """
+    wrapper = cfg.get('optim_wrapper', None) or {}
+    return int(wrapper.get('accumulative_counts', 1) or 1)
+
+
+def _ema_hooks(cfg: Config) -> List[dict]:
+    return [h for h in (cfg.get('custom_hooks', None) or [])
+            if isinstance(h, dict) and str(h.get('type', '')).split('.')[-1] == 'EMAHook']
+
+
+def ema_momentum_per_iteration(momentum: float, counts: int) -> float:
+    """The per-iteration EMA momentum that equals ``momentum`` per optimizer step.
+
+    Args:
+        momentum: The wanted momentum per optimizer step (mmengine convention: the weight
+            of the new parameters).
+        counts: Iterations per optimizer step (``accumulative_counts``).
+    """
+    return 1.0 - (1.0 - momentum)**(1.0 / counts)
+
+
+def adapt_to_accumulation(cfg: Config) -> Config:
+    """Makes ``auto_scale_lr`` count the accumulated batch, and warns about the EMA momentum
+    and checkpoints inside an accumulation window (see the module docstring).
+
+    Args:
+        cfg: The prepared training config, changed in place.
+
+    Returns:
+        The same config.
+    """
+    counts = accumulative_counts(cfg)
+    if counts <= 1:
+        return cfg
+    scale = cfg.get('auto_scale_lr', None)
+    if scale and scale.get('enable', False) and not scale.get('_accumulation_applied', False):
+        base = scale['base_batch_size']
+        scale['base_batch_size'] = base / counts
+        scale['_accumulation_applied'] = True
+        print_log(f'auto_scale_lr: effective batch = world_size x batch_size x '
+                  f'accumulative_counts ({counts}); the lr is scaled against base_batch_size '
+                  f'{base} through {base} / {counts}', logger='current')
+    for hook in _ema_hooks(cfg):
+        momentum = float(hook.get('momentum', EMA_DEFAULT_MOMENTUM))
+        print_log(
+            f'EMAHook updates after every iteration, i.e. {counts} times per optimizer step '
+            f'with accumulative_counts={counts}: momentum {momentum} then acts as '
+            f'{1 - (1 - momentum)**counts:.3g} per step (a {counts}x shorter horizon). For '
+            f'{momentum} per optimizer step, set the hook\'s momentum to '
+            f'{ema_momentum_per_iteration(momentum, counts):.6g} (--cfg-options '
+            f'custom_hooks.<index>.momentum=...).', logger='current', level=logging.WARNING)
+    interval = _iteration_checkpoint_interval(cfg)
+    if interval is not None and interval % counts:
+        print_log(f'Checkpoints every {interval} iterations fall inside accumulation windows '
+                  f'of {counts} iterations: a --resume from one of them loses the gradients '
+                  f'accumulated since the last optimizer step (resume is then not exact). Use '
+                  f'a checkpoint interval that is a multiple of {counts}.', logger='current',
+                  level=logging.WARNING)
+    return cfg
+
+
+def _iteration_checkpoint_interval(cfg: Config) -> Optional[int]:
+    """The ``CheckpointHook`` interval when it counts iterations, else None."""
+    hook = (cfg.get('default_hooks', None) or {}).get('checkpoint', None)
+    if not hook or hook.get('by_epoch', True):
+        return None
+    interval = hook.get('interval', -1)
+    return int(interval) if interval and interval > 0 else None
+
+
+def check_amp_device(cfg: Any) -> None:
+    """Refuses ``AmpOptimWrapper`` where mmengine cannot run it, before anything is built.
+
+    Args:
+        cfg: The prepared training config.
+
+    Raises:
+        ValueError: ``optim_wrapper.type`` is ``AmpOptimWrapper`` (``--amp``) and no CUDA /
+            NPU / MLU / MUSA device is available.
+    """
+    wrapper = cfg.get('optim_wrapper', None) or {}
+    if str(wrapper.get('type', '')).split('.')[-1] != 'AmpOptimWrapper':
+        return
+    # the functions mmengine's AmpOptimWrapper asserts with, looked up at call time
+    from mmengine.optim.optimizer import amp_optimizer_wrapper as amp
+    if not (amp.is_cuda_available() or amp.is_npu_available() or amp.is_mlu_available()
+            or amp.is_musa_available()):
+        raise ValueError('--amp (optim_wrapper.type="AmpOptimWrapper") needs a CUDA, NPU, MLU '
+                         'or MUSA device: mmengine refuses CPU-only machines. Train in fp32 '
+                         'here (drop --amp).')
