@@ -9,12 +9,14 @@
 #     `layers.{i}` outputs are in raster patch order, flips undone) vs the CLIP blocks
 #     2, 5, 8, 11.  Special tokens are excluded by the token layouts: the student records are
 #     [patches, cls] (student_token_layout=(0, 1)), the CLIP ones [cls, patches] (read from
-#     the teacher backbone).  For Adventurer-L (24 blocks) use indices 5, 11, 17, 23;
+#     the teacher backbone).  For Adventurer-L (24 blocks) use indices 5, 11, 17, 23 (the
+#     build refuses indices at other depth fractions than the teacher's, naming these);
 #   * L_mask: Smooth L1 between the final student features (norm_f) projected 768 -> 768 by
 #     the LinearConnector 'proj' and the teacher's final features, at the masked patches.
 # Other softmax teachers (DeiT-III, MAE, ...): set model.teacher.family / arch and
 # teacher_checkpoint (any layout mmlinvit.converters reads), and model.teacher_input_norm=None
-# (they were trained on the data preprocessor's ImageNet statistics, CLIP on its own); the
+# (they were trained on the data preprocessor's ImageNet statistics, CLIP on its own; the
+# build warns when CLIP's statistics reach a teacher of another family); the
 # teacher's token layout comes from its backbone, the connector's out_channels must be the
 # teacher width.
 # The connector and the teacher are not part of the result: ExportStudentHook writes the
@@ -28,6 +30,7 @@ _base_ = [
     '../_base_/schedules/distill_adamw_300e.py',
     '../_base_/default_runtime_cls.py',
 ]
+missing_path_hints = _base_.linearizer_missing_path_hints
 model = dict(
     student=dict(
         type='mmlinvit.Adventurer',

@@ -8,6 +8,7 @@ _base_ = [
     '../_base_/schedules/distill_adamw_300e.py',
     '../_base_/default_runtime_cls.py',
 ]
+missing_path_hints = _base_.linearizer_missing_path_hints
 model = dict(
     student=dict(
         type='mmlinvit.LinearVisionTransformer',

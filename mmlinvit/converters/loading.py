@@ -5,6 +5,7 @@ import logging
 import os
 import pickle
 import re
+import zipfile
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import torch
@@ -12,7 +13,7 @@ import torch.nn as nn
 
 from mmlinvit.backbones.base import TokenBackbone
 from mmlinvit.layers.pos_embed import infer_square_grid
-from .checkpoint_file import CheckpointFileError, checkpoint_file_problem
+from .checkpoint_file import ZIP_MAGIC, CheckpointFileError, checkpoint_file_problem
 from .layouts import (ADVENTURER_BLOCK_KEY, CHECKPOINT_LAYOUTS, ConversionResult, StateDict,
                       detect_layout, select_backbone)
 from .report import ConversionReport, summarise_keys
@@ -68,18 +69,40 @@ def _unwrap(obj: Any, source: str) -> Tuple[StateDict, List[str]]:
     raise ValueError(f'{source} nests wrapper keys too deeply')
 
 
+def is_torchscript_archive(path: str) -> bool:
+    """Whether ``path`` is a TorchScript archive (``torch.jit.save``), not a ``torch.save`` file.
+
+    Both are zip archives; only TorchScript writes a ``constants.pkl`` record (the test
+    ``torch.serialization`` itself uses before refusing such a file with ``weights_only=True``).
+    The official OpenAI CLIP releases (``ViT-B-16.pt`` ...) are TorchScript archives.
+
+    Args:
+        path: An existing file.
+    """
+    with open(path, 'rb') as f:
+        if f.read(len(ZIP_MAGIC)) != ZIP_MAGIC:
+            return False
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return any(name.split('/', 1)[-1] == 'constants.pkl' for name in archive.namelist())
+    except zipfile.BadZipFile:
+        return False
+
+
 def load_checkpoint_file(path: str, trust_checkpoint: bool = False) -> StateDict:
     """Reads a checkpoint file into a flat ``{name: tensor}`` dict on the CPU.
 
     ``.safetensors`` files are read with safetensors; anything else with
     ``torch.load(weights_only=True)``, which builds tensors and plain containers only.
-    Weights nested under ``state_dict`` / ``model`` / ``module`` / ``teacher`` are unwrapped.
+    A TorchScript archive (the official OpenAI CLIP releases) is read with
+    ``torch.jit.load(...).state_dict()`` when ``trust_checkpoint`` is True.  Weights nested
+    under ``state_dict`` / ``model`` / ``module`` / ``teacher`` are unwrapped.
 
     Args:
         path: Checkpoint file.
         trust_checkpoint: Allow a full unpickle (``weights_only=False``) when the file holds
-            other Python objects.  Unpickling runs code from the file: only for files you
-            trust.
+            other Python objects, and ``torch.jit.load`` of a TorchScript archive.  Both run
+            code from the file: only for files you trust.
 
     Returns:
         Flat state dict.
@@ -88,8 +111,8 @@ def load_checkpoint_file(path: str, trust_checkpoint: bool = False) -> StateDict
         FileNotFoundError: when ``path`` does not exist.
         CheckpointFileError: when the file is empty, truncated or not a checkpoint, naming
             the cause (:mod:`mmlinvit.converters.checkpoint_file`).
-        UntrustedCheckpointError: when the file needs a full unpickle and
-            ``trust_checkpoint`` is False.
+        UntrustedCheckpointError: when the file needs a full unpickle or is a TorchScript
+            archive, and ``trust_checkpoint`` is False.
     """
     if not os.path.isfile(path):
         raise FileNotFoundError(f'Checkpoint file {path!r} does not exist')
@@ -102,6 +125,19 @@ def load_checkpoint_file(path: str, trust_checkpoint: bool = False) -> StateDict
                               f'pip install safetensors')
         from safetensors.torch import load_file
         return load_file(path, device='cpu')
+    if is_torchscript_archive(path):
+        if not trust_checkpoint:
+            raise UntrustedCheckpointError(
+                f'{path!r} is a TorchScript archive (torch.jit.save; e.g. an official OpenAI '
+                f'CLIP release such as ViT-B-16.pt), not a torch.save checkpoint: reading it '
+                f'means torch.jit.load, which loads and runs the code stored in the file, so '
+                f'the safe torch.load(weights_only=True) cannot read it. If you trust the '
+                f'file, convert it once: python tools/model_converters/convert_checkpoint.py '
+                f'{path} checkpoints/clip_vit_b16_openai.pt --trust-checkpoint (or pass '
+                f'trust_checkpoint=True).')
+        archive = torch.jit.load(path, map_location='cpu')
+        state_dict, _ = _unwrap(dict(archive.state_dict()), repr(path))
+        return state_dict
     try:
         obj = torch.load(path, map_location='cpu', weights_only=True)
     except pickle.UnpicklingError as err:

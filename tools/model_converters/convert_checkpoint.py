@@ -9,6 +9,13 @@ Usage::
 The output is ``dict(state_dict=..., meta=dict(source_layout=..., report=...))`` (plus
 ``extras=dict(proj=...)`` with ``--keep-projection``), readable with
 ``torch.load(weights_only=True)``; the conversion report is printed.
+
+The official OpenAI CLIP releases (``ViT-B-16.pt`` ...) are TorchScript archives, which only
+``torch.jit.load`` reads (it runs code from the file): convert them once with
+``--trust-checkpoint``, e.g. for the ViT-Linearizer teacher::
+
+    python tools/model_converters/convert_checkpoint.py ViT-B-16.pt \
+        checkpoints/clip_vit_b16_openai.pt --trust-checkpoint
 """
 import argparse
 import os

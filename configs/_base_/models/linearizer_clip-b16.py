@@ -9,6 +9,20 @@
 # over its K stage-end blocks, and 'final', its final normalised tokens) and the width of
 # model.connectors.proj; backbones without num_prefix_tokens also set student_token_layout.
 teacher_checkpoint = 'checkpoints/clip_vit_b16_openai.pt'
+# How to get the teacher when the file is missing (tools/train.py stops before anything is
+# built, with this hint).  A distillation config takes it with
+#   missing_path_hints = _base_.linearizer_missing_path_hints
+# (its own name, so that this file combines with bases that have hints of their own).
+linearizer_missing_path_hints = {
+    'model.teacher.pretrained':
+    'This is the official OpenAI CLIP ViT-B/16 image encoder. Download ViT-B-16.pt from '
+    'https://openaipublic.azureedge.net/clip/models/'
+    '5806e77cd80f8b59890b7e101eabd078d9fb84e6937f9e85e4ecb61988df416f/ViT-B-16.pt (the '
+    'ViT-B/16 entry of _MODELS in openai/CLIP clip/clip.py); it is a '
+    'TorchScript archive, so convert it once: python '
+    'tools/model_converters/convert_checkpoint.py ViT-B-16.pt '
+    'checkpoints/clip_vit_b16_openai.pt --trust-checkpoint',
+}
 model = dict(
     type='mmlinvit.DistillationModel',
     teacher=dict(

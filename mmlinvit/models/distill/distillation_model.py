@@ -44,9 +44,11 @@ from mmlinvit.distill.patch_masking import PatchMasking
 from mmlinvit.distill.teacher_forcing import TeacherForcing
 from mmlinvit.registry import MODELS
 from mmlinvit.transfer import build_transfer_strategy, transfer_weights
+from .clip_input_stats import warn_clip_stats_for_other_teacher
 from .errors import DistillationConfigError
 from .input_specs import InputSpec, token_layout
 from .recorders import attach_recorders, recording
+from .stage_depths import check_stage_depths
 from .student_preprocessing import check_student_preprocessing, refuse_student_settings
 from .teacher import build_frozen_teacher
 from .teacher_input_norm import TeacherInputNorm
@@ -109,6 +111,9 @@ class DistillationModel(BaseModel):
         check_input_size: (H, W) of the build-time dry run that checks every term on real
             records; ``None`` uses the student backbone's ``img_size``.
         check_finite: Stop with an error naming the term when a loss is NaN or inf.
+        check_block_depths: Refuse a term whose student and teacher block records sit at
+            different relative depths (:func:`.stage_depths.check_stage_depths`); ``False``
+            allows such a pairing on purpose.
         teacher_input_norm: ``dict(mean=[...], std=[...])``: the per-channel statistics the
             teacher was trained with, in the units of the data preprocessor (0-255 for the
             mmpretrain / mmseg preprocessors), when they differ from the student's (e.g. an
@@ -148,6 +153,7 @@ class DistillationModel(BaseModel):
                  teacher_token_layout: Optional[Sequence[int]] = None,
                  check_input_size: Optional[Union[int, Sequence[int]]] = None,
                  check_finite: bool = True,
+                 check_block_depths: bool = True,
                  teacher_input_norm: Optional[dict] = None,
                  data_preprocessor: Optional[Union[dict, nn.Module]] = None,
                  init_cfg: Optional[dict] = None,
@@ -181,6 +187,8 @@ class DistillationModel(BaseModel):
                 raise DistillationConfigError('teacher_input_norm is set but there is no teacher')
             self.teacher_input_norm = TeacherInputNorm.from_config(teacher_input_norm,
                                                                    self.data_preprocessor)
+            warn_clip_stats_for_other_teacher(teacher_backbone=self.teacher_backbone(),
+                                              **self.teacher_input_norm.stats)
 
         self.student_recorders = attach_recorders(student_recorders, self.student, 'student')
         self.teacher_recorders = attach_recorders(teacher_recorders, self.teacher, 'teacher')
@@ -216,6 +224,9 @@ class DistillationModel(BaseModel):
             self.distill_losses[term], self.term_inputs[term] = build_term(
                 term, term_cfg, spec_check)
         check_connectors_used(self.connectors, self.term_inputs)
+        if check_block_depths:
+            check_stage_depths(self.term_inputs, recorders,
+                               dict(student=self.student, teacher=self.teacher))
         #: Schedule factors of each term (set by DistillLossScheduleHook), 1.0 by default.
         self.distill_scales: Dict[str, float] = {term: 1.0 for term in self.distill_losses}
 
