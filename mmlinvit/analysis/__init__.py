@@ -18,14 +18,16 @@ from .feature_pca import patch_features, pca_rgb, principal_components
 from .figures import COMPARISON_COLUMNS, save_teacher_student_figure
 from .flops import (ANALYTIC_OPERATORS, FLOP_CONVENTION, AnalyticFlops, FlopCount, FlopCounter,
                     analytic_vit_flops, attention_flops, block_gemm_flops, count_flops,
-                    default_function_formulas, linear_attention_function_flops, sdpa_flops)
+                    default_function_formulas, linear_attention_function_flops, sdpa_flops,
+                    ssd_scan_function_flops)
 from .photos import REAL_PHOTOS, center_crop_resize, load_photo
 from .teacher_student import (TeacherStudentComparison, compare_teacher_student,
                               feature_cosine_gap)
 
 __all__ = [
     'FLOP_CONVENTION', 'ANALYTIC_OPERATORS', 'FlopCount', 'FlopCounter', 'count_flops',
-    'sdpa_flops', 'linear_attention_function_flops', 'default_function_formulas',
+    'sdpa_flops', 'linear_attention_function_flops', 'ssd_scan_function_flops',
+    'default_function_formulas',
     'AnalyticFlops', 'analytic_vit_flops', 'attention_flops', 'block_gemm_flops',
     'capture_attention_inputs', 'query_attention_maps', 'activation_similarity_maps',
     'upsample_map', 'patch_features', 'pca_rgb', 'principal_components', 'REAL_PHOTOS',

@@ -8,9 +8,10 @@ normalised one (``mmlinvit.NormalizedAttentionOutputMSELoss``) at several weight
   (:func:`sweep_settings`, :func:`setting_label`, :func:`build_distill_loss`);
 * every finished run is one JSON line; :func:`load_results` reads them back, one per
   :func:`run_key`;
-* :func:`summarise` writes the Markdown tables: per task init x setting (mean +- std over
-  seeds) and the regret of each setting (how far it lands below the best setting of the same
-  init, averaged over inits).
+* :func:`summarise` writes the Markdown tables: per task init x setting (mean +- sample
+  standard deviation over seeds, ``ddof=1``; the mean alone for a single seed) and the
+  regret of each setting (how far it lands below the best setting of the same init,
+  averaged over inits).
 """
 import json
 import os.path as osp
@@ -98,8 +99,9 @@ def _task_table(task: str, results: Sequence[dict], settings: Sequence[Setting],
     seeds = sorted({r['seed'] for r in results})
     iters = sorted({r['iters'] for r in results})
     operators = sorted({r['operator'] for r in results})
-    lines = [f'\n### {task}: {TASK_METRICS[task]}, mean +- std over seeds {seeds} '
-             f'({"/".join(operators)} students, {"/".join(map(str, iters))} iterations)']
+    lines = [f'\n### {task}: {TASK_METRICS[task]}, mean +- sample std (ddof=1) over seeds '
+             f'{seeds} ({"/".join(operators)} students, {"/".join(map(str, iters))} '
+             'iterations)']
     if teacher:
         ms = teacher.get('teacher_attn_mean_square', [])
         lines.append(f'softmax teacher: {teacher["teacher_score"]:.2f}; teacher attention-'
@@ -116,7 +118,9 @@ def _task_table(task: str, results: Sequence[dict], settings: Sequence[Setting],
             if not values:
                 row.append('-')
                 continue
-            text = f'{np.mean(values):.1f} +- {np.std(values):.1f}'
+            text = f'{np.mean(values):.1f}'
+            if len(values) > 1:  # sample standard deviation (n - 1 in the denominator)
+                text += f' +- {np.std(values, ddof=1):.1f}'
             row.append(f'**{text}**' if means[s] == best_of_init[init] else text)
         lines.append(f'| {INIT_LABELS[init]} | ' + ' | '.join(row) + ' |')
     regrets = {}
@@ -129,7 +133,7 @@ def _task_table(task: str, results: Sequence[dict], settings: Sequence[Setting],
 
 def summarise(results: Sequence[dict], settings: Sequence[Setting], inits: Sequence[str],
               teachers: Dict[str, dict]) -> str:
-    """Markdown: per task a table (init x setting, mean +- std over seeds) and the regret
+    """Markdown: per task a table (init x setting, mean +- sample std over seeds) and the regret
     table (per setting and task: mean over inits of best-of-init minus this setting).
 
     Args:

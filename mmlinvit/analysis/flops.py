@@ -17,10 +17,20 @@ that counts aten ops by shape, so it also works on ``torch.device('meta')`` tens
 * custom ``torch.autograd.Function`` classes, whose forward may launch kernels the dispatch
   mode never sees (Triton): while counting, the class's ``apply`` is wrapped so that its FLOPs
   come from a formula of its inputs and whatever aten FLOPs its forward issued are discarded
-  (no double counting).  The Triton linear-attention Function of
-  :mod:`mmlinvit.ops.linear_attention.triton_kernel` is registered by default when that kernel path
-  can be taken (triton installed and CUDA or ``TRITON_INTERPRET=1``); its formula equals what
-  the PyTorch path is counted, so a model counts the same on either backend.
+  (no double counting).  Two Functions are registered by default when their kernel path can
+  be taken (triton installed and CUDA or ``TRITON_INTERPRET=1``): the Triton linear-attention
+  Function of :mod:`mmlinvit.ops.linear_attention.triton_kernel`
+  (:func:`linear_attention_function_flops`) and the Triton SSD-scan Function of
+  :mod:`mmlinvit.ops.ssd.triton_kernel` (:func:`ssd_scan_function_flops`).  Each formula
+  equals what the PyTorch path is counted, so a model counts the same on either backend;
+* the Mamba-2 SSD scan at its configured ``chunk_size`` on every backend: without gradients
+  the PyTorch scan normally runs its inference form in chunks of at most
+  :data:`mmlinvit.ops.ssd.torch_impl.INFERENCE_CHUNK` (64) tokens, a CPU speed choice whose
+  matmul count is smaller (2 G L Q N + 2 H L Q P shrink with Q); while counting
+  (``ssd_chunk_form=True``, the default) the scan takes its chunked form at ``chunk_size``
+  instead (``INFERENCE_FORM`` is switched off inside the counter; outputs agree up to
+  rounding), the algorithm training and the Triton kernel run.  An Adventurer therefore counts
+  the same on CPU, on meta tensors and on CUDA, with or without gradients.
 
 Closed forms (:func:`analytic_vit_flops`), per layer, N tokens, width D, d = D / H:
 GEMMs (qkv, proj, MLP) 8 N D^2 + 4 N D M_h (= 24 N D^2 for M_h = 4 D); softmax attention
@@ -38,14 +48,18 @@ import torch
 import torch.nn as nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from mmlinvit.ops.ssd import torch_impl as ssd_torch_impl
 from mmlinvit.ops.triton_utils import triton_available, triton_interpreter_enabled
 
 #: The counting convention, stated by every tool that prints FLOPs.
 FLOP_CONVENTION = ('FLOPs = 2 x MACs (one multiply-add = 2 FLOPs; matmul, conv, SDPA and the '
-                   'linear-attention kernel counted; element-wise ops, norms and softmax not)')
+                   'linear-attention and SSD-scan kernels counted, the SSD scan at its '
+                   'configured chunk size; element-wise ops, norms and softmax not)')
 
 #: Module holding the Triton linear-attention autograd Function (imports triton).
 TRITON_LINEAR_ATTENTION_MODULE = 'mmlinvit.ops.linear_attention.triton_kernel'
+#: Module holding the Triton SSD-scan autograd Function (imports triton).
+TRITON_SSD_SCAN_MODULE = 'mmlinvit.ops.ssd.triton_kernel'
 
 #: Attention operators with a closed-form count in :func:`attention_flops`.
 ANALYTIC_OPERATORS = ('softmax', 'elu', 'relu', 'identity', 'inline')
@@ -116,31 +130,86 @@ def extra_sdpa_ops() -> Tuple[Any, ...]:
                  if hasattr(torch.ops.aten, name))
 
 
-def triton_linear_attention_function() -> Optional[type]:
-    """The Triton linear-attention autograd Function, when its kernel path can run.
+def ssd_scan_function_flops(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,
+                            B: torch.Tensor, C: torch.Tensor, D: Optional[torch.Tensor],
+                            chunk_size: int, *args: Any, **kwargs: Any) -> int:
+    """FLOPs of one Mamba-2 SSD scan from its inputs, at chunk length ``Q = chunk_size``.
+
+    Counted like the chunked PyTorch form (:func:`mmlinvit.ops.ssd.ssd_scan_torch` with
+    gradients, which pads the L tokens to ``Lp = ceil(L / Q) Q``), per batch element:
+    the scores ``C_i . B_j`` of each chunk per B/C group (2 G Lp Q N), their application to
+    ``dt x`` per head (2 H Lp Q P), each chunk's own state ``sum_j B_j (dt x)_j^T``
+    (2 H Lp N P) and the read-out ``C_i h`` of the state entering the chunk (2 H Lp N P).
+    Decays, ``D x`` and the state recurrence are element-wise (not counted).
+
+    Args:
+        x: Inputs (batch, L, H, P).
+        dt: Step sizes (batch, L, H), unused.
+        A: (H,), unused.
+        B: (batch, L, G, N).
+        C: (batch, L, G, N), unused.
+        D: Optional (H,), unused.
+        chunk_size: Tokens per chunk Q.
+        *args: Ignored.
+        **kwargs: Ignored.
+
+    Returns:
+        ``batch * (2 G Lp Q N + 2 H Lp (Q + N) P + 2 H Lp N P)``.
+    """
+    batch, length, heads, headdim = x.shape
+    groups, d_state = B.shape[2], B.shape[3]
+    q = int(chunk_size)
+    padded = math.ceil(length / q) * q
+    return batch * (2 * groups * padded * q * d_state + 2 * heads * padded * (q + d_state) *
+                    headdim + 2 * heads * padded * d_state * headdim)
+
+
+def _triton_function(module_name: str, class_name: str) -> Optional[type]:
+    """An autograd Function of a Triton kernel module, when its kernel path can run.
 
     The module is imported only when triton is installed and the kernels can actually be
     launched (CUDA available, or ``TRITON_INTERPRET=1``), or when it was imported already;
     otherwise the PyTorch path runs and there is nothing to register.
 
+    Args:
+        module_name: Dotted name of the kernel module.
+        class_name: Name of the Function class in it.
+
     Returns:
         The Function class, or ``None``.
     """
-    module = sys.modules.get(TRITON_LINEAR_ATTENTION_MODULE)
+    module = sys.modules.get(module_name)
     if module is None:
         usable = triton_available() and (torch.cuda.is_available()
                                          or triton_interpreter_enabled())
         if not usable:
             return None
-        module = importlib.import_module(TRITON_LINEAR_ATTENTION_MODULE)
-    return module._FusedLinearAttention
+        module = importlib.import_module(module_name)
+    return getattr(module, class_name)
+
+
+def triton_linear_attention_function() -> Optional[type]:
+    """The Triton linear-attention autograd Function, when its kernel path can run (see
+    :func:`_triton_function`), else ``None``."""
+    return _triton_function(TRITON_LINEAR_ATTENTION_MODULE, '_FusedLinearAttention')
+
+
+def triton_ssd_scan_function() -> Optional[type]:
+    """The Triton SSD-scan autograd Function, when its kernel path can run (see
+    :func:`_triton_function`), else ``None``."""
+    return _triton_function(TRITON_SSD_SCAN_MODULE, '_SSDScanTriton')
 
 
 def default_function_formulas() -> Dict[type, FunctionFlopFormula]:
     """Formulas of this package's custom autograd Functions (see
-    :func:`triton_linear_attention_function`)."""
-    function = triton_linear_attention_function()
-    return {} if function is None else {function: linear_attention_function_flops}
+    :func:`triton_linear_attention_function` and :func:`triton_ssd_scan_function`)."""
+    formulas: Dict[type, FunctionFlopFormula] = {}
+    for function, formula in ((triton_linear_attention_function(),
+                               linear_attention_function_flops),
+                              (triton_ssd_scan_function(), ssd_scan_function_flops)):
+        if function is not None:
+            formulas[function] = formula
+    return formulas
 
 
 # ---------------------------------------------------------------------------------- counter
@@ -176,12 +245,18 @@ class FlopCounter:
         op_formulas: Extra ``{aten op (overload packet): formula}`` in FlopCounterMode's
             convention (tensor arguments arrive as shapes, ``out_shape`` keyword).
         use_default_functions: Register :func:`default_function_formulas` too.
+        ssd_chunk_form: Count the PyTorch SSD scan at its configured ``chunk_size``: inside
+            the counter ``mmlinvit.ops.ssd.torch_impl.INFERENCE_FORM`` is ``False`` (restored
+            on exit), so scans without gradients run the chunked form (the algorithm of
+            training and of the Triton kernel) instead of the CPU inference form in chunks
+            of at most ``INFERENCE_CHUNK`` tokens.  ``False`` counts whatever form runs.
     """
 
     def __init__(self,
                  function_formulas: Optional[Mapping[type, FunctionFlopFormula]] = None,
                  op_formulas: Optional[Mapping[Any, Callable[..., int]]] = None,
-                 use_default_functions: bool = True) -> None:
+                 use_default_functions: bool = True,
+                 ssd_chunk_form: bool = True) -> None:
         for cls in (function_formulas or {}):
             if not (isinstance(cls, type) and issubclass(cls, torch.autograd.Function)):
                 raise TypeError(f'function_formulas keys must be torch.autograd.Function '
@@ -190,6 +265,8 @@ class FlopCounter:
         self._op_formulas = {op: _sdpa_op_formula for op in extra_sdpa_ops()}
         self._op_formulas.update(op_formulas or {})
         self._use_default_functions = use_default_functions
+        self._ssd_chunk_form = ssd_chunk_form
+        self._saved_inference_form: Optional[bool] = None
         self._mode: Optional[FlopCounterMode] = None
         self._function_flops: Dict[str, int] = defaultdict(int)
         self._discarded_inner_flops = 0
@@ -233,6 +310,9 @@ class FlopCounter:
         self._mode = FlopCounterMode(display=False, custom_mapping=self._op_formulas)
         for cls, formula in functions.items():
             self._wrap_function(cls, formula)
+        if self._ssd_chunk_form:
+            self._saved_inference_form = ssd_torch_impl.INFERENCE_FORM
+            ssd_torch_impl.INFERENCE_FORM = False
         self._mode.__enter__()
         return self
 
@@ -240,6 +320,9 @@ class FlopCounter:
         try:
             self._mode.__exit__(*exc_info)
         finally:
+            if self._saved_inference_form is not None:
+                ssd_torch_impl.INFERENCE_FORM = self._saved_inference_form
+                self._saved_inference_form = None
             self._restore_functions()
             self._last = self._snapshot()
             self._mode = None

@@ -39,8 +39,10 @@ def test_regret_is_the_mean_gap_to_the_best_setting_of_each_init():
     tables = summarise(results, settings, ['random', 'copy'],
                        {'digits': dict(teacher_score=95.0, teacher_attn_mean_square=[0.5, 2.0])})
     lines = tables.splitlines()
-    assert '| Random | 50.0 +- 0.0 | 60.0 +- 2.0 | **70.0 +- 0.0** |' in lines
-    assert '| Copy | 80.0 +- 0.0 | **90.0 +- 0.0** | 85.0 +- 0.0 |' in lines
+    # Sample std (ddof=1) of 58, 62: sqrt((2^2 + 2^2) / (2 - 1)) = 2.83; one seed: the mean.
+    assert '| Random | 50.0 | 60.0 +- 2.8 | **70.0** |' in lines
+    assert '| Copy | 80.0 | **90.0** | 85.0 |' in lines
+    assert 'mean +- sample std (ddof=1) over seeds [0, 1]' in tables
     assert 'softmax teacher: 95.00; teacher attention-output mean square per block: 0.5, 2' \
         in tables
     assert '| w/o distill | 15.00 | 15.00 |' in lines  # (20 + 10) / 2

@@ -11,9 +11,12 @@ import torch
 import torch.nn.functional as F
 
 from mmlinvit.analysis import (FlopCounter, analytic_vit_flops, attention_flops,
-                               block_gemm_flops, count_flops, sdpa_flops)
+                               block_gemm_flops, count_flops, sdpa_flops,
+                               ssd_scan_function_flops)
 from mmlinvit.backbones import VIT_SIZES, VisionTransformer
+from mmlinvit.layers.mamba2 import Mamba2Mixer
 from mmlinvit.ops.linear_attention import triton_available
+from mmlinvit.ops.ssd import ssd_scan, torch_impl
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = dict(embed_dims=32, num_layers=2, num_heads=4, mlp_hidden_dims=128)
@@ -131,6 +134,125 @@ def test_triton_function_counted_like_torch_path(tmp_path):
         print('ok')
     """)
     env = dict(os.environ, TRITON_INTERPRET='1', MMLINVIT_LINEAR_ATTN_BACKEND='triton')
+    env['PYTHONPATH'] = os.pathsep.join(filter(None, [str(ROOT), env.get('PYTHONPATH')]))
+    proc = subprocess.run([sys.executable, '-c', script], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and 'ok' in proc.stdout, proc.stderr[-3000:]
+
+
+def _ssd_hand_flops(batch: int, length: int, heads: int, headdim: int, groups: int,
+                    d_state: int, chunk: int) -> int:
+    """Matmuls of the chunked SSD scan, written out: tokens padded to whole chunks; per chunk
+    the scores C B^T per group, scores x (dt x) per head, each chunk's own state B^T (dt x)
+    per head and the read-out C h of the entering state per head (2 x MACs each)."""
+    padded = -(-length // chunk) * chunk
+    chunks = padded // chunk
+    scores = groups * chunks * chunk * chunk * d_state
+    apply_scores = heads * chunks * chunk * chunk * headdim
+    own_state = heads * chunks * chunk * d_state * headdim
+    read_state = heads * chunks * chunk * d_state * headdim
+    return 2 * batch * (scores + apply_scores + own_state + read_state)
+
+
+def _ssd_inputs(device: str = 'cpu', batch: int = 2, length: int = 150, heads: int = 4,
+                headdim: int = 8, groups: int = 2, d_state: int = 8):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(batch, length, heads, headdim, generator=gen)
+    dt = torch.rand(batch, length, heads, generator=gen) * 0.1
+    A = -torch.rand(heads, generator=gen)
+    B = torch.randn(batch, length, groups, d_state, generator=gen)
+    C = torch.randn(batch, length, groups, d_state, generator=gen)
+    return [t.to(device) for t in (x, dt, A, B, C)] + [torch.ones(heads, device=device)]
+
+
+@pytest.mark.parametrize('device', ['cpu', 'meta'])
+def test_ssd_scan_counted_at_configured_chunk(device):
+    """The torch SSD scan counts at its chunk_size with and without gradients (the inference
+    form's 64-token chunks are not what is counted), equal to the hand-written matmuls."""
+    x, dt, A, B, C, D = _ssd_inputs(device)
+    assert torch_impl.INFERENCE_CHUNK < 128  # the case below differs from the inference form
+    for chunk in (16, 64, 128, 256):
+        expected = _ssd_hand_flops(2, 150, 4, 8, 2, 8, chunk)
+        assert ssd_scan_function_flops(x, dt, A, B, C, D, chunk) == expected
+        with torch.no_grad(), FlopCounter() as counter:
+            ssd_scan(x, dt, A, B, C, D, chunk_size=chunk, backend='torch')
+        assert counter.total == expected, (chunk, counter.by_op)
+        if device == 'cpu':
+            xg = x.clone().requires_grad_()
+            with FlopCounter() as grad_counter:
+                ssd_scan(xg, dt, A, B, C, D, chunk_size=chunk, backend='torch')
+            assert grad_counter.total == expected, chunk
+    assert torch_impl.INFERENCE_FORM is True  # restored
+    # Opting out counts the form that runs: the inference form's chunks of <= 64 tokens.
+    with torch.no_grad(), FlopCounter(ssd_chunk_form=False) as counter:
+        ssd_scan(x, dt, A, B, C, D, chunk_size=256, backend='torch')
+    assert counter.total == _ssd_hand_flops(2, 150, 4, 8, 2, 8, torch_impl.INFERENCE_CHUNK)
+    with pytest.raises(ZeroDivisionError), FlopCounter():
+        1 / 0
+    assert torch_impl.INFERENCE_FORM is True
+
+
+def test_mamba2_mixer_counts_scan_at_its_chunk_size():
+    """A Mamba-2 mixer (chunk 128) counts its projections + the scan at chunk 128 on CPU, and
+    the same on meta tensors (where the depthwise conv runs as ``nn.Conv1d`` and is counted
+    too; on CPU it is shifted multiply-adds, element-wise)."""
+    dim, d_state, headdim, length, chunk = 32, 16, 16, 100, 128
+    d_inner, heads = 2 * dim, 2 * dim // headdim
+    counts = {}
+    for device in ('cpu', 'meta'):
+        with torch.device(device):
+            mixer = Mamba2Mixer(dim, d_state=d_state, headdim=headdim, chunk_size=chunk,
+                                ssd_backend='torch').eval()
+            counts[device] = count_flops(mixer, torch.randn(1, length, dim))
+    in_proj = 2 * length * dim * (2 * d_inner + 2 * d_state + heads)
+    out_proj = 2 * length * d_inner * dim
+    scan = _ssd_hand_flops(1, length, heads, headdim, 1, d_state, chunk)
+    assert counts['cpu'].total == in_proj + out_proj + scan, counts['cpu'].by_op
+    meta = counts['meta']
+    assert meta.total - meta.by_op.get('aten.convolution', 0) == counts['cpu'].total
+
+
+@pytest.mark.skipif(not triton_available(), reason='triton is not installed')
+def test_triton_ssd_function_counted_like_torch_path():
+    """The Triton SSD-scan Function (interpreter on CPU) counts the hand-written matmuls at its
+    chunk size, as the torch autograd form does; a mixer counts the same on both backends."""
+    script = textwrap.dedent("""
+        import torch
+        from mmlinvit.analysis import FlopCounter, count_flops
+        from mmlinvit.layers.mamba2 import Mamba2Mixer
+        from mmlinvit.ops.ssd import ssd_scan
+        def hand(batch, length, heads, headdim, groups, d_state, chunk):
+            chunks = -(-length // chunk)
+            per_chunk = (groups * chunk * chunk * d_state + heads * chunk * chunk * headdim
+                         + 2 * heads * chunk * d_state * headdim)
+            return 2 * batch * chunks * per_chunk
+        g = torch.Generator().manual_seed(0)
+        b, L, H, P, G, N = 2, 40, 4, 8, 2, 8
+        x = torch.randn(b, L, H, P, generator=g); dt = torch.rand(b, L, H, generator=g) * .1
+        A = -torch.rand(H, generator=g); D = torch.ones(H)
+        B = torch.randn(b, L, G, N, generator=g); C = torch.randn(b, L, G, N, generator=g)
+        for chunk in (16, 64):
+            with torch.no_grad(), FlopCounter() as tri:
+                y = ssd_scan(x, dt, A, B, C, D, chunk_size=chunk, backend='triton')
+            assert set(tri.by_op) == {'_SSDScanTriton'}, tri.by_op
+            xg = x.clone().requires_grad_()
+            with FlopCounter() as ref:
+                y_ref = ssd_scan(xg, dt, A, B, C, D, chunk_size=chunk, backend='torch')
+            torch.testing.assert_close(y, y_ref.detach(), rtol=1e-4, atol=1e-4)
+            expected = hand(b, L, H, P, G, N, chunk)
+            assert tri.total == ref.total == expected, (chunk, tri.total, ref.total, expected)
+        counts = {}
+        for backend in ('torch', 'triton'):
+            torch.manual_seed(0)
+            mixer = Mamba2Mixer(32, d_state=16, headdim=16, chunk_size=16,
+                                ssd_backend=backend).eval()
+            counts[backend] = count_flops(mixer, torch.randn(1, 40, 32))
+        assert '_SSDScanTriton' in counts['triton'].by_op, counts['triton'].by_op
+        assert counts['triton'].total == counts['torch'].total, counts
+        print('ok')
+    """)
+    env = dict(os.environ, TRITON_INTERPRET='1')
+    env.pop('MMLINVIT_SSD_BACKEND', None)
     env['PYTHONPATH'] = os.pathsep.join(filter(None, [str(ROOT), env.get('PYTHONPATH')]))
     proc = subprocess.run([sys.executable, '-c', script], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)

@@ -1,6 +1,7 @@
 """The model index (model-index.yml + configs/**/metafile.yml + README table) is in sync with
 the configs, in OpenMMLab's format, readable by mmengine, and its numbers are counted."""
 import importlib.util
+import inspect
 import os
 import os.path as osp
 
@@ -81,3 +82,43 @@ def test_mmengine_hub_reads_the_index_through_the_mmlinvit_scope():
     assert cfg.model.backbone.type == 'mmlinvit.LinearVisionTransformer'
     assert os.path.realpath(cfg.filename) == osp.join(
         REPO, 'configs', 'demo', 'upernet_vit-tiny-elu_1xb8-200it_toy-64x64.py')
+
+
+ADVENTURER_CONFIG = 'configs/linearizer/linear-head_adventurer-b_16xb64-30e_in1k-224x224.py'
+
+
+def _adventurer_b_flops(height: int, width: int, chunk: int, num_classes: int) -> int:
+    """Adventurer-B/16 + linear head written out (2 x MACs, batch 1): patch conv; per layer
+    the Mamba-2 mixer over the tokens + the appended class token (in_proj, depthwise conv
+    over the left-padded tokens as nn.Conv1d, SSD scan at ``chunk`` on tokens padded to whole
+    chunks, out_proj) and the SwiGLU MLP over the tokens; the head on the class token."""
+    patch, dim, depth, mlp_hidden, headdim, d_state, groups, taps = 16, 768, 12, 1920, 64, 64, 1, 4
+    patches = -(-height // patch) * -(-width // patch)
+    tokens = patches + 1  # class token
+    mixed = tokens + 1  # the mixer also reads the class token appended at the end
+    d_inner = 2 * dim
+    heads = d_inner // headdim
+    conv_dim = d_inner + 2 * groups * d_state
+    padded = -(-mixed // chunk) * chunk
+    mixer = (2 * mixed * dim * (d_inner + conv_dim + heads) + 2 * mixed * d_inner * dim +
+             2 * (mixed + taps - 1) * conv_dim * taps)
+    scan = (2 * groups * padded * chunk * d_state + 2 * heads * padded * chunk * headdim +
+            4 * heads * padded * d_state * headdim)
+    mlp = 3 * 2 * tokens * dim * mlp_hidden
+    return 2 * patches * 3 * patch * patch * dim + depth * (mixer + scan + mlp) + \
+        2 * dim * num_classes
+
+
+def test_adventurer_numbers_are_counted_at_the_configured_chunk(tool):
+    """An Adventurer entry recounted on meta tensors equals its metafile entry and the closed
+    form at the configured chunk (256), not at the CPU inference form's 64-token chunks."""
+    entries = tool.read_index()
+    cfg = tool.load(osp.join(REPO, ADVENTURER_CONFIG))
+    from mmlinvit.layers.mamba2 import Mamba2Mixer
+    assert 'chunk_size' not in (cfg.model.backbone.get('mixer_cfg') or {})
+    assert inspect.signature(Mamba2Mixer).parameters['chunk_size'].default == 256
+    params, flops, device = tool.count(ADVENTURER_CONFIG, cfg)
+    assert device == 'meta'
+    meta = entries[ADVENTURER_CONFIG]['Metadata']
+    assert (meta['Parameters'], meta['FLOPs']) == (params, flops)
+    assert flops == _adventurer_b_flops(224, 224, 256, 1000)

@@ -27,11 +27,14 @@ import sys
 import time
 from typing import Dict, List, Tuple
 
+from mmlinvit.layers.patch_embed import patch_grid
 from mmlinvit.utils.benchmarking import CpuPeakMemory, parse_size, run_case_phases
 
 MODELS = ('adventurer', 'vit')
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LABELS = {'adventurer': 'Adventurer-B/16', 'vit': 'ViT-B/16 (softmax, DeiT)'}
+#: Patch side of both models (Adventurer-B/16 and ViT-B/16).
+PATCH_SIZE = 16
 
 
 def run_case(model_name: str, size: Tuple[int, int], repeats: int, warmup: int, threads: int,
@@ -65,6 +68,13 @@ def run_case(model_name: str, size: Tuple[int, int], repeats: int, warmup: int, 
             model(x)
         elapsed = time.perf_counter() - start
     return dict(img_per_s=repeats / elapsed, sec_per_img=elapsed / repeats)
+
+
+def token_count(size: Tuple[int, int]) -> int:
+    """Tokens of both models at ``size``: the corner-padded 16-pixel patch grid + the class
+    token."""
+    grid = patch_grid(size, PATCH_SIZE)
+    return grid[0] * grid[1] + 1
 
 
 def spawn_case(model_name: str, size: Tuple[int, int], args: argparse.Namespace) -> Dict:
@@ -134,7 +144,7 @@ def main() -> None:
     print('load average at start (1/5/15 min): %.2f %.2f %.2f' % os.getloadavg())
     rows = []
     for size in args.sizes:
-        row = dict(size=f'{size[0]}x{size[1]}', tokens=(size[0] // 16) * (size[1] // 16) + 1)
+        row = dict(size=f'{size[0]}x{size[1]}', tokens=token_count(size))
         for model_name in MODELS:
             row[model_name] = spawn_case(model_name, size, args)
             print(f"  {LABELS[model_name]:<26} {row['size']:>10}: "

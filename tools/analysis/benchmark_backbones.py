@@ -24,9 +24,10 @@ Timing: median over ``--repeats`` calls after the first (measuring) call, stoppe
 * CUDA: ``torch.cuda.max_memory_allocated`` during the call minus the allocation before it,
   all cases in this process.
 
-FLOPs (2 x MACs, :class:`mmlinvit.analysis.FlopCounter`) are counted on the measured call, so
-the table also gives the FLOP ratio, and the closing lines compare the whole-backbone speed-up
-at 1024 x 1024 with the analytic FLOP ratio (issue convention: 24 N D^2 + 4 N^2 D vs
+FLOPs (2 x MACs, :class:`mmlinvit.analysis.FlopCounter`) are counted on one call of the
+measured function (the Adventurer's SSD scan at its configured ``chunk_size``, on every
+backend: see :mod:`mmlinvit.analysis.flops`), so the table also gives the FLOP ratio, and
+the closing lines compare the whole-backbone speed-up at 1024 x 1024 with the analytic FLOP ratio (issue convention: 24 N D^2 + 4 N^2 D vs
 4 N d D per layer; counted FLOPs where an operator has no closed form).
 
 A PNG (``--out-dir``) plots time and memory of both scopes against the token count.
@@ -44,6 +45,7 @@ Examples::
     PYTHONPATH=. python tools/analysis/benchmark_backbones.py --device cuda --large
 """
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -60,6 +62,7 @@ sys.path.insert(0, ROOT)
 
 from mmlinvit.analysis import (ANALYTIC_OPERATORS, COMPARED_MODELS,  # noqa: E402
                                FLOP_CONVENTION, SMOKE_MODEL, FlopCounter, analytic_vit_flops)
+from mmlinvit.layers.patch_embed import patch_grid  # noqa: E402
 from mmlinvit.utils.benchmarking import (CpuPeakMemory, cuda_peak_memory,  # noqa: E402
                                          parse_size, print_table, run_case_phases,
                                          size_label, synchronize, timed_calls)
@@ -188,17 +191,18 @@ def measure_case(model_key: str, operator: str, hw_pixels: Tuple[int, int], scop
     processes, see :func:`run_case_subprocess`).
     """
     patch = MODELS[model_key].patch_size
-    grid = (hw_pixels[0] // patch, hw_pixels[1] // patch)
+    grid = patch_grid(hw_pixels, patch)  # the corner-padded grid the model runs on
     model = build_backbone(model_key, operator, device, dtype)
     cpu_memory = CpuPeakMemory(fresh_process) if device.type == 'cpu' else None
     result: Dict[str, object] = dict(
         model=MODELS[model_key].label, operator=operator, size=size_label(hw_pixels),
         tokens=grid[0] * grid[1] + (1 if operator == ADVENTURER else model.num_prefix_tokens))
     with torch.inference_mode():
-        # warm-up on a 2 x 2 patch grid (also under the counter, whose first use imports
-        # modules): kernels, thread pools and lazy imports are resident before measuring
-        for _ in range(2):
-            with FlopCounter():
+        # warm-up on a 2 x 2 patch grid, under the counter (whose first use imports modules;
+        # the SSD scan takes its chunked form there) and outside it (the forms measured):
+        # kernels, thread pools and lazy imports are resident before measuring
+        for counted in (True, False, True, False):
+            with FlopCounter() if counted else contextlib.nullcontext():
                 op_callable(model, operator, (2, 2), device, dtype)()
                 backbone_callable(model, (2 * patch, 2 * patch), device, dtype)()
         makers = dict(op=lambda: op_callable(model, operator, grid, device, dtype),

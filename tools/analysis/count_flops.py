@@ -17,7 +17,8 @@ Without a CONFIG: counted vs analytic GFLOPs of softmax and linear ViTs (and Adv
 resolution.
 
 Counts one batch-1 forward with :class:`mmlinvit.analysis.FlopCounter` (torch's
-FlopCounterMode plus handlers for CPU SDPA and the Triton linear-attention Function) on
+FlopCounterMode plus handlers for CPU SDPA and the Triton linear-attention and SSD-scan
+Functions; the SSD scan at its configured ``chunk_size``) on
 ``torch.device('meta')`` tensors, so nothing is computed and ViT-L/14 at 2048^2 takes seconds.
 Next to each count it prints the issue's analytic convention, per layer
 
@@ -47,6 +48,7 @@ from mmlinvit.analysis import (ANALYTIC_OPERATORS, FLOP_CONVENTION, analytic_vit
 from mmlinvit.backbones import VIT_SIZES, VisionTransformer  # noqa: E402
 from mmlinvit.engine.launch import replace_sync_bn  # noqa: E402
 from mmlinvit.engine.preflight import clear_checkpoints  # noqa: E402
+from mmlinvit.layers.patch_embed import patch_grid  # noqa: E402
 from mmlinvit.utils.benchmarking import parse_size, size_label, write_json  # noqa: E402
 
 #: name -> (label, arch, family); patch size and prefix tokens come from the family.
@@ -252,12 +254,14 @@ def count_vit(arch: str, family: str, operator: str, hw: Tuple[int, int],
 
 
 def count_adventurer(hw: Tuple[int, int], device: str) -> Tuple[int, int]:
-    """Counted FLOPs and token count of Adventurer-B/16."""
+    """Counted FLOPs and token count (corner-padded patch grid + class token) of
+    Adventurer-B/16."""
     from mmlinvit.backbones.adventurer import Adventurer
     with torch.device(device):
         model = Adventurer('b', patch_size=16).eval()
         images = torch.zeros(1, 3, hw[0], hw[1])
-    return count_flops(model, images).total, (hw[0] // 16) * (hw[1] // 16) + 1
+    grid = patch_grid(hw, model.patch_size)
+    return count_flops(model, images).total, grid[0] * grid[1] + 1
 
 
 def main(argv: Optional[List[str]] = None) -> object:

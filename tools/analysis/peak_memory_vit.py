@@ -1,19 +1,28 @@
 """Peak CPU memory of a ViT forward: softmax teacher vs linearized student.
 
-Each model runs in a fresh subprocess (so allocator caches and earlier peaks do not leak
+Each model runs in fresh subprocesses (so allocator caches and earlier peaks do not leak
 between models), batch 1, ``torch.inference_mode``, random weights (memory does not depend on
-their values).  Reported per model:
+their values), one per phase as the other benchmark tools do
+(:func:`mmlinvit.utils.benchmarking.run_case_phases`):
 
-* ``max_rss_mb``: the process's peak resident set size (``ru_maxrss``), weights included;
-* ``forward_rss_mb``: peak RSS minus the RSS just before the forward (model and input built),
-  i.e. what the forward itself added at its peak;
-* ``forward_s``: wall time of the measured forward.
+* ``memory``: started with glibc's mmap threshold fixed at 1 MiB
+  (:data:`~mmlinvit.utils.benchmarking.EXACT_RSS_ENV`: every allocation of 1 MiB or more is
+  mapped and unmapped on its own, so RSS tracks the live tensors), measured with
+  :class:`~mmlinvit.utils.benchmarking.CpuPeakMemory`: freed heap memory is handed back
+  (``malloc_trim``) and the kernel's peak-RSS mark reset right before the forward, so what
+  was allocated and freed before it (building the model, loading weights, the warm-up) is not
+  counted.  Reported: ``forward_mb``, the peak RSS during the forward minus the RSS just
+  before it (model and input built; the output included), i.e. what the forward itself
+  added at its peak; ``peak_rss_mb``, the peak RSS during the forward (weights included); and
+  ``memory_method``, how it was measured (says when the peak mark could not be reset);
+* ``time``: the default allocator (fresh mappings cost page faults), ``forward_s``, the
+  wall time of one forward.
 
-A warm-up forward on a 2 x 2 patch grid runs first, so lazily loaded kernels and thread pools
-are resident before the baseline is taken.  Large tensors are mmap-backed by glibc malloc and
-returned to the OS when freed, so the RSS peak tracks the live-tensor peak closely.  (The
-PyTorch profiler's CPU memory events attribute allocations to nested ops and give no reliable
-running peak, so they are not used.)
+A warm-up forward on a 2 x 2 patch grid runs first in both phases, so lazily loaded kernels
+and thread pools are resident before measuring.  ``num_tokens`` counts the patches of the
+corner-padded input (``ceil(size / patch)`` per side, as the model pads) plus the prefix
+tokens.  (The PyTorch profiler's CPU memory events attribute allocations to nested ops and
+give no reliable running peak, so they are not used.)
 
 Example (the ViT-AdaLA 1024^2 setting, ViT-B/16, 4097 tokens)::
 
@@ -24,60 +33,57 @@ import argparse
 import contextlib
 import json
 import os
-import resource
-import subprocess
 import sys
 import time
-from typing import Dict, List
+from typing import Dict, List, Optional
 
-from mmlinvit.utils.benchmarking import write_json
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from mmlinvit.layers.patch_embed import patch_grid  # noqa: E402
+from mmlinvit.utils.benchmarking import (CpuPeakMemory, proc_status_mib,  # noqa: E402
+                                         run_case_phases, write_json)
 
 SOFTMAX_BACKENDS = ('default', 'math')
-
-
-def current_rss_mb() -> float:
-    """Resident set size of this process now, in MiB (Linux ``/proc/self/statm``)."""
-    with open('/proc/self/statm') as f:
-        resident_pages = int(f.read().split()[1])
-    return resident_pages * os.sysconf('SC_PAGE_SIZE') / 2**20
+PHASES = ('memory', 'time')
 
 
 def run_child(args: argparse.Namespace) -> Dict[str, object]:
-    """Builds one model, runs one forward and measures memory (in this process)."""
+    """Builds one model and measures one forward in this process (phase ``args.child_phase``:
+    ``'memory'`` or ``'time'``)."""
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
-        __file__)))))
     from mmlinvit.backbones import VisionTransformer
 
     torch.set_num_threads(args.threads)
     model = VisionTransformer(args.arch, family='deit', attn_cfg=args.child_attn,
                               img_size=args.img_size, patch_size=args.patch_size).eval()
     x = torch.randn(1, 3, args.img_size, args.img_size)
-    num_tokens = (args.img_size // args.patch_size)**2 + 1
-    backend_ctx = (sdpa_kernel([SDPBackend.MATH])
-                   if args.child_backend == 'math' else contextlib.nullcontext())
-    with torch.inference_mode(), backend_ctx:
-        model(torch.randn(1, 3, 2 * args.patch_size, 2 * args.patch_size))  # warm-up
-        rss_before = current_rss_mb()
-        start = time.perf_counter()
-        out = model(x)[0]
-        elapsed = time.perf_counter() - start
-    max_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB -> MiB on Linux
-    return dict(
+    grid = patch_grid((args.img_size, args.img_size), args.patch_size)
+    result: Dict[str, object] = dict(
         attn=args.child_attn,
         softmax_backend=args.child_backend if args.child_attn == 'softmax' else None,
         arch=args.arch,
         img_size=args.img_size,
-        num_tokens=num_tokens,
-        params_mb=sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20,
-        rss_before_forward_mb=rss_before,
-        max_rss_mb=max_rss,
-        forward_rss_mb=max_rss - rss_before,
-        forward_s=elapsed,
-        output_finite=bool(torch.isfinite(out).all()),
-    )
+        num_tokens=grid[0] * grid[1] + model.num_prefix_tokens,
+        params_mb=sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20)
+    backend_ctx = (sdpa_kernel([SDPBackend.MATH])
+                   if args.child_backend == 'math' else contextlib.nullcontext())
+    with torch.inference_mode(), backend_ctx:
+        model(torch.randn(1, 3, 2 * args.patch_size, 2 * args.patch_size))  # warm-up
+        if args.child_phase == 'memory':
+            memory = CpuPeakMemory()
+            forward_mb, out = memory.measure(lambda: model(x)[0])
+            result.update(forward_mb=forward_mb, peak_rss_mb=proc_status_mib('VmHWM'),
+                          memory_method=memory.method)
+        else:
+            start = time.perf_counter()
+            out = model(x)[0]
+            result.update(forward_s=time.perf_counter() - start)
+        result.update(output_finite=bool(torch.isfinite(out).all()))
+    return result
 
 
 def run_parent(args: argparse.Namespace) -> List[Dict[str, object]]:
@@ -88,29 +94,30 @@ def run_parent(args: argparse.Namespace) -> List[Dict[str, object]]:
             jobs.append((attn, backend))
     results = []
     for attn, backend in jobs:
-        cmd = [
-            sys.executable, os.path.abspath(__file__), '--child-attn', attn, '--child-backend',
-            backend, '--arch', args.arch, '--img-size', str(args.img_size), '--patch-size',
-            str(args.patch_size), '--threads', str(args.threads)
-        ]
-        env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        if proc.returncode != 0:
-            raise RuntimeError(f'{attn} ({backend}) failed:\n{proc.stderr}')
-        results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-    header = (f'{"operator":<18}{"tokens":>7}{"weights MiB":>13}{"max RSS MiB":>13}'
-              f'{"fwd RSS MiB":>13}{"fwd s":>8}')
+        def command(phase: str, attn: str = attn, backend: str = backend) -> List[str]:
+            return [sys.executable, os.path.abspath(__file__), '--child-attn', attn,
+                    '--child-backend', backend, '--child-phase', phase, '--arch', args.arch,
+                    '--img-size', str(args.img_size), '--patch-size', str(args.patch_size),
+                    '--threads', str(args.threads)]
+        try:
+            results.append(run_case_phases(command, args.threads, ROOT))
+        except RuntimeError as err:
+            raise RuntimeError(f'{attn} ({backend}) failed: {err}') from err
+    header = (f'{"operator":<18}{"tokens":>7}{"weights MiB":>13}{"peak RSS MiB":>14}'
+              f'{"fwd MiB":>10}{"fwd s":>8}')
     print(header)
     print('-' * len(header))
     for r in results:
         name = r['attn'] + (f' ({r["softmax_backend"]})' if r['softmax_backend'] else '')
-        print(f'{name:<18}{r["num_tokens"]:>7}{r["params_mb"]:>13.1f}{r["max_rss_mb"]:>13.1f}'
-              f'{r["forward_rss_mb"]:>13.1f}{r["forward_s"]:>8.1f}')
+        print(f'{name:<18}{r["num_tokens"]:>7}{r["params_mb"]:>13.1f}{r["peak_rss_mb"]:>14.1f}'
+              f'{r["forward_mb"]:>10.1f}{r["forward_s"]:>8.2f}')
+    if results:
+        print(f'memory: {results[0]["memory_method"]}')
     write_json(results, args.json_out)
     return results
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--arch', default='b', help='ViT size (VIT_SIZES key)')
     parser.add_argument('--img-size', type=int, default=1024)
@@ -127,11 +134,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument('--child-attn', default=None, help=argparse.SUPPRESS)
     parser.add_argument('--child-backend', default='default', choices=SOFTMAX_BACKENDS,
                         help=argparse.SUPPRESS)
-    return parser.parse_args()
+    parser.add_argument('--child-phase', default='memory', choices=PHASES,
+                        help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
 
 
-def main() -> None:
-    args = parse_args()
+def main(argv: Optional[List[str]] = None) -> None:
+    args = parse_args(argv)
     if args.child_attn is not None:
         print(json.dumps(run_child(args)))
     else:

@@ -7,7 +7,9 @@ four runs on the 2-core box).  This tool builds the softmax ViT, the linear stud
 Adventurer of one size in one process and times their forwards round-robin (one call of each
 per round, ``mmlinvit.utils.benchmarking.time_round_robin``), so that every model sees the
 same load; it prints per size the speed ratio softmax / model, the counted FLOP ratio and
-their quotient (1.0 = the model is as much faster as its FLOPs say).
+their quotient (1.0 = the model is as much faster as its FLOPs say).  The Adventurer's SSD scan
+is counted at its configured ``chunk_size`` on every backend (:mod:`mmlinvit.analysis.flops`),
+not at the shorter chunks the CPU inference form runs.
 
 Usage::
 

@@ -30,7 +30,7 @@ on two tasks:
     iterations.  Metric: validation mIoU (mmseg ``IoUMetric``).
 
 Every finished run is appended to ``<work-dir>/results.jsonl``; a rerun skips the runs found
-there, so an interrupted sweep resumes.  The tables (mean +- std over seeds per init and
+there, so an interrupted sweep resumes.  The tables (mean +- sample std over seeds per init and
 setting, and the "regret" of each setting: how far it lands below the best setting of the
 same init, averaged over inits) go to ``<work-dir>/tables.md`` and stdout::
 

@@ -29,7 +29,7 @@ Example::
 import argparse
 import os
 import sys
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -43,6 +43,7 @@ from mmlinvit.analysis import (COMPARED_MODELS, REAL_PHOTOS, ComparedModel,  # n
                                save_teacher_student_figure, upsample_map)
 from mmlinvit.backbones import VisionTransformer  # noqa: E402
 from mmlinvit.converters import load_pretrained  # noqa: E402
+from mmlinvit.layers.patch_embed import patch_grid  # noqa: E402
 from mmlinvit.utils.benchmarking import parse_size  # noqa: E402
 
 ADVENTURER_FILE = os.path.join(ROOT, 'mmlinvit', 'backbones', 'adventurer.py')
@@ -203,6 +204,17 @@ def render(images: List[np.ndarray], captions: List[str],
     plt.close(fig)
 
 
+def default_query(hw: Sequence[int], patch_size: int) -> Tuple[int, int]:
+    """The centre patch (row, col) of the corner-padded patch grid of an (H, W) image.
+
+    Args:
+        hw: Image height and width in pixels.
+        patch_size: Patch side.
+    """
+    grid = patch_grid(hw, patch_size)
+    return grid[0] // 2, grid[1] // 2
+
+
 def main(argv: Optional[List[str]] = None) -> str:
     args = parse_args(argv)
     torch.manual_seed(args.seed)
@@ -212,8 +224,8 @@ def main(argv: Optional[List[str]] = None) -> str:
     pictures = [image for image, _ in loaded]
     captions = [caption for _, caption in loaded]
     images = torch.cat([to_tensor(image) for image in pictures])
-    grid = (pictures[0].shape[0] // patch, pictures[0].shape[1] // patch)
-    query = tuple(args.query) if args.query is not None else (grid[0] // 2, grid[1] // 2)
+    query = (tuple(args.query) if args.query is not None else
+             default_query(pictures[0].shape[:2], patch))
     depth = teacher.num_layers
     layers = args.layers if args.layers is not None else sorted({0, depth // 2, depth - 1})
     layers = [layer + depth if layer < 0 else layer for layer in layers]
