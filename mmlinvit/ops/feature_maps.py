@@ -4,6 +4,8 @@ from typing import Callable, Dict
 import torch
 import torch.nn.functional as F
 
+from .precision import autocast_disabled
+
 
 def elu_plus_one(x: torch.Tensor) -> torch.Tensor:
     """phi(x) = ELU(x) + 1 (ViT-AdaLA, Katharopoulos et al.). Always > 0."""
@@ -48,5 +50,6 @@ def hedgehog_feature(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     Returns:
         (B, H, N, 2F) positive features; each row sums to 2.
     """
-    logits = torch.matmul(x.float(), weight.float())
-    return torch.cat([logits.softmax(-1), (-logits).softmax(-1)], dim=-1)
+    with autocast_disabled(x.device):  # fp32 logits under AMP too (autocast would round them)
+        logits = torch.matmul(x.float(), weight.float())
+        return torch.cat([logits.softmax(-1), (-logits).softmax(-1)], dim=-1)

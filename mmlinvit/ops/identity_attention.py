@@ -7,6 +7,7 @@ map ``A_ij = q_i.k_j / (N safe(q_i.kbar))`` is signed and unbounded where ``q_i.
 """
 import torch
 
+from .precision import autocast_disabled
 from .signed_normaliser import signed_safe_denominator
 
 
@@ -23,10 +24,12 @@ def identity_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     Returns:
         (B, H, N, e) in the dtype of ``v``.
     """
-    q32, k32, v32 = q.float(), k.float(), v.float()
-    kv = torch.matmul(k32.transpose(-2, -1), v32).div_(k32.shape[-2])  # (B, H, d, e)
-    den = torch.matmul(q32, k32.mean(dim=-2).unsqueeze(-1))  # (B, H, N, 1)
-    return (torch.matmul(q32, kv) / signed_safe_denominator(den, eps)).to(v.dtype)
+    with autocast_disabled(q.device):  # fp32 math under AMP too (fp16 sums overflow)
+        q32, k32, v32 = q.float(), k.float(), v.float()
+        kv = torch.matmul(k32.transpose(-2, -1), v32).div_(k32.shape[-2])  # (B, H, d, e)
+        den = torch.matmul(q32, k32.mean(dim=-2).unsqueeze(-1))  # (B, H, N, 1)
+        out = torch.matmul(q32, kv) / signed_safe_denominator(den, eps)
+    return out.to(v.dtype)
 
 
 def identity_linear_attention_map(q: torch.Tensor, k: torch.Tensor, eps: float) -> torch.Tensor:

@@ -17,6 +17,7 @@ from typing import Callable, List, Optional, Tuple
 
 import torch
 
+from .precision import autocast_disabled
 from .signed_normaliser import signed_safe_denominator
 
 
@@ -131,32 +132,36 @@ def mhla_attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
     Returns:
         (B, H, N, e) float32.
     """
-    n = phi_k.shape[-2]
-    num_blocks = mixing.shape[-1]
-    p = int((block_of < 0).sum())
-    v32 = v.float()
-    ones = torch.ones(v32.shape[:-1] + (1, ), dtype=v32.dtype, device=v32.device)
-    v_aug = torch.cat([v32, ones], dim=-1)  # (B, H, N, e + 1): numerator and normaliser
+    # fp32 math under AMP too: fp16 block sums of phi(k) [v, 1] overflow at high resolution
+    with autocast_disabled(phi_k.device):
+        phi_q, phi_k = phi_q.float(), phi_k.float()
+        n = phi_k.shape[-2]
+        num_blocks = mixing.shape[-1]
+        p = int((block_of < 0).sum())
+        v32 = v.float()
+        ones = torch.ones(v32.shape[:-1] + (1, ), dtype=v32.dtype, device=v32.device)
+        v_aug = torch.cat([v32, ones], dim=-1)  # (B, H, N, e + 1): numerator and normaliser
 
-    block_tokens: List[torch.Tensor] = [
-        torch.nonzero(block_of == b).flatten() for b in range(num_blocks)
-    ]
-    # Per-block summaries (B, H, nb, d, e + 1) and the prefix group's summary.
-    kv_blocks = torch.stack([
-        torch.matmul(phi_k[:, :, idx].transpose(-2, -1), v_aug[:, :, idx])
-        for idx in block_tokens
-    ], dim=2).div_(n)
-    kv_prefix = torch.matmul(phi_k[:, :, :p].transpose(-2, -1), v_aug[:, :, :p]).div_(n)
-    z, h, nb, d, e1 = kv_blocks.shape
-    mixed = torch.matmul(mixing.float(), kv_blocks.reshape(z, h, nb, d * e1))
-    mixed = mixed.reshape(z, h, nb, d, e1) + kv_prefix.unsqueeze(2)
+        block_tokens: List[torch.Tensor] = [
+            torch.nonzero(block_of == b).flatten() for b in range(num_blocks)
+        ]
+        # Per-block summaries (B, H, nb, d, e + 1) and the prefix group's summary.
+        kv_blocks = torch.stack([
+            torch.matmul(phi_k[:, :, idx].transpose(-2, -1), v_aug[:, :, idx])
+            for idx in block_tokens
+        ], dim=2).div_(n)
+        kv_prefix = torch.matmul(phi_k[:, :, :p].transpose(-2, -1), v_aug[:, :, :p]).div_(n)
+        z, h, nb, d, e1 = kv_blocks.shape
+        mixed = torch.matmul(mixing.float(), kv_blocks.reshape(z, h, nb, d * e1))
+        mixed = mixed.reshape(z, h, nb, d, e1) + kv_prefix.unsqueeze(2)
 
-    outs = [torch.matmul(phi_q[:, :, :p], kv_blocks.sum(dim=2) + kv_prefix)]
-    outs += [torch.matmul(phi_q[:, :, idx], mixed[:, :, a]) for a, idx in enumerate(block_tokens)]
-    order = torch.cat([torch.arange(p, device=phi_k.device)] + block_tokens)
-    out = torch.cat(outs, dim=2)[:, :, torch.argsort(order)]
-    num, den = out[..., :-1], out[..., -1:]
-    return num / signed_safe_denominator(den, eps)
+        outs = [torch.matmul(phi_q[:, :, :p], kv_blocks.sum(dim=2) + kv_prefix)]
+        outs += [torch.matmul(phi_q[:, :, idx], mixed[:, :, a])
+                 for a, idx in enumerate(block_tokens)]
+        order = torch.cat([torch.arange(p, device=phi_k.device)] + block_tokens)
+        out = torch.cat(outs, dim=2)[:, :, torch.argsort(order)]
+        num, den = out[..., :-1], out[..., -1:]
+        return num / signed_safe_denominator(den, eps)
 
 
 def mhla_token_mixing_weights(block_of: torch.Tensor, mixing: torch.Tensor) -> torch.Tensor:

@@ -46,6 +46,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from mmlinvit.ops.patch_grid import check_patch_grid
+from mmlinvit.ops.precision import autocast_disabled
 from mmlinvit.ops.ttt import ttt_depthwise_conv, ttt_simplified_swiglu
 from .base import ATTENTION_OPERATORS, NO_CLS_SINCOS_AVG_POOL, AttentionOperator
 
@@ -147,9 +148,10 @@ class TestTimeTrainingAttention(AttentionOperator):
     def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             hw_shape: Optional[Tuple[int, int]], num_prefix_tokens: int) -> torch.Tensor:
         """Branch 1 (simplified SwiGLU, one inner step per sample and head), (B, H, N, d)."""
-        out = ttt_simplified_swiglu(q.float(), k.float(), v.float(), self.inner_w1.float(),
-                                    self.inner_w2.float(), self.inner_loss_scale,
-                                    self.inner_lr)
+        with autocast_disabled(q.device):  # the inner step in fp32 under AMP too
+            out = ttt_simplified_swiglu(q.float(), k.float(), v.float(), self.inner_w1.float(),
+                                        self.inner_w2.float(), self.inner_loss_scale,
+                                        self.inner_lr)
         return out.to(v.dtype)
 
     def conv_branch_output(self, x: torch.Tensor, hw_shape: Optional[Tuple[int, int]],
@@ -165,8 +167,9 @@ class TestTimeTrainingAttention(AttentionOperator):
         b, d = x.shape[0], self.head_dims
         qkv = self.conv_qkv(x[:, num_prefix_tokens:]).float()  # (B, h*w, 3d)
         q, k, v = qkv.transpose(1, 2).reshape(b, 3, d, h, w).unbind(1)
-        out = ttt_depthwise_conv(q, k, v, self.conv_inner_weight.float(),
-                                 self.inner_loss_scale, self.inner_lr)
+        with autocast_disabled(x.device):  # the inner step in fp32 under AMP too
+            out = ttt_depthwise_conv(q, k, v, self.conv_inner_weight.float(),
+                                     self.inner_loss_scale, self.inner_lr)
         return F.pad(out.flatten(2).transpose(1, 2), (0, 0, num_prefix_tokens, 0))
 
     # ------------------------------------------------------------------ interface

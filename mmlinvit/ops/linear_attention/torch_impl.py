@@ -392,14 +392,16 @@ def inline_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     lead = check_linear_attention_inputs(q, k, v)
     out_dtype = v.dtype
     n, e = q.shape[-2], v.shape[-1]
-    q32, k32, v32 = _as_fp32_batch(q), _as_fp32_batch(k), _as_fp32_batch(v)
-    m = k32.shape[-2]
-    state = torch.empty(k32.shape[0], k32.shape[-1], v32.shape[-1], dtype=torch.float32,
-                        device=k32.device)
-    state = torch.baddbmm(state, k32.transpose(1, 2), v32, beta=0.0, alpha=1.0 / m)  # (BH, d, e)
-    k_mean = k32.mean(dim=1).unsqueeze(-1)  # (BH, d, 1)
-    v_mean = v32.mean(dim=1, keepdim=True)  # (BH, 1, e)
-    # (1 - s q.kbar) as a (BH, N, 1) column, then out = s q S + col * vbar.
-    weight = torch.baddbmm(torch.ones_like(k_mean[:, :1, :1]), q32, k_mean, alpha=-scale)
-    out = torch.baddbmm(weight * v_mean, q32, state, alpha=scale)
+    with autocast_disabled(q.device):  # fp32 math under AMP too (1 - s q.kbar cancels)
+        q32, k32, v32 = _as_fp32_batch(q), _as_fp32_batch(k), _as_fp32_batch(v)
+        m = k32.shape[-2]
+        state = torch.empty(k32.shape[0], k32.shape[-1], v32.shape[-1], dtype=torch.float32,
+                            device=k32.device)
+        state = torch.baddbmm(state, k32.transpose(1, 2), v32, beta=0.0,
+                              alpha=1.0 / m)  # (BH, d, e)
+        k_mean = k32.mean(dim=1).unsqueeze(-1)  # (BH, d, 1)
+        v_mean = v32.mean(dim=1, keepdim=True)  # (BH, 1, e)
+        # (1 - s q.kbar) as a (BH, N, 1) column, then out = s q S + col * vbar.
+        weight = torch.baddbmm(torch.ones_like(k_mean[:, :1, :1]), q32, k_mean, alpha=-scale)
+        out = torch.baddbmm(weight * v_mean, q32, state, alpha=scale)
     return out.reshape(lead + (n, e)).to(out_dtype)
