@@ -6,6 +6,7 @@ Semantics (and arguments) are exactly those of :func:`.naive.linear_attention_na
 
     kernel LA : out_i = phi(q_i) S / (phi(q_i) z + eps),  S = phi(K)^T V / M,  z = mean phi(k)
     InLine    : out_i = s q_i S + (1 - s q_i.kbar) vbar,   S = K^T V / M, kbar, vbar means
+              = s q_i S_c + vbar,  S_c = S - kbar vbar^T   (the form the kernels compute)
 
 Design (one program per (batch*head, token chunk); everything accumulated in fp32 registers):
 
@@ -106,7 +107,7 @@ def _load_padded_matrix(PTR, bh, offs_d, offs_e, BLOCK_D: tl.constexpr, BLOCK_E:
 
 
 @triton.jit(do_not_specialize=['num_heads', 'M', 'D', 'E', 'tiles_per_chunk'])
-def _state_kernel(K, V, S_PART, Z_PART, VBAR_PART,
+def _state_kernel(K, V, SHIFT, S_PART, Z_PART, VBAR_PART,
                   stride_kb, stride_kh, stride_km, stride_kd,
                   stride_vb, stride_vh, stride_vm, stride_ve,
                   num_heads, M, D, E, inv_m, tiles_per_chunk,
@@ -117,7 +118,11 @@ def _state_kernel(K, V, S_PART, Z_PART, VBAR_PART,
 
     ``DOT_16BIT`` (16-bit inputs): the dot takes phi(k) rounded to the input dtype and v as
     loaded (fp32 accumulation), instead of fp32 / TF32 operands: v then needs no register
-    round trip and the operands half the shared memory."""
+    round trip and the operands half the shared memory.
+
+    ``WITH_VBAR`` (InLine, identity features): the state is accumulated from the keys minus a
+    per-head ``SHIFT`` (near their mean), so that its rounding is relative to the keys'
+    spread, not to their mean (``_forward`` removes the shift exactly)."""
     pid_bh = tl.program_id(0)
     pid_chunk = tl.program_id(1)
     n_chunks = tl.num_programs(1)
@@ -130,6 +135,8 @@ def _state_kernel(K, V, S_PART, Z_PART, VBAR_PART,
     acc_s = tl.zeros((BLOCK_D, BLOCK_E), dtype=tl.float32)
     acc_z = tl.zeros((BLOCK_D, ), dtype=tl.float32)
     acc_v = tl.zeros((BLOCK_E, ), dtype=tl.float32)
+    if WITH_VBAR:
+        shift = tl.load(SHIFT + bh * BLOCK_D + offs_d)
     start = pid_chunk * tiles_per_chunk * BLOCK_M
     for t in range(0, tiles_per_chunk):
         offs_m = start + t * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -138,6 +145,9 @@ def _state_kernel(K, V, S_PART, Z_PART, VBAR_PART,
         mask_v = _tile_mask(mask_m, offs_e, E, EVEN_E, BLOCK_M, BLOCK_E)
         k = _load_rows(k_base, offs_m, stride_km, offs_d, stride_kd, mask_k)
         phi_k = tl.where(mask_k, _feature(k, FEATURE), 0.0)
+        acc_z += tl.sum(phi_k, axis=0)
+        if WITH_VBAR:
+            phi_k = tl.where(mask_k, phi_k - shift[None, :], 0.0)
         if DOT_16BIT:
             v_in = tl.load(v_base + offs_m[:, None].to(tl.int64) * stride_vm +
                            offs_e[None, :] * stride_ve, mask=mask_v, other=0.0)
@@ -149,7 +159,6 @@ def _state_kernel(K, V, S_PART, Z_PART, VBAR_PART,
             acc_s = tl.dot(tl.trans(phi_k), v, acc_s, input_precision=PRECISION)
             if WITH_VBAR:
                 acc_v += tl.sum(v, axis=0)
-        acc_z += tl.sum(phi_k, axis=0)
 
     part = bh * n_chunks + pid_chunk
     tl.store(S_PART + part * BLOCK_D * BLOCK_E + offs_d[:, None] * BLOCK_E + offs_e[None, :],
@@ -196,17 +205,16 @@ def _output_kernel(Q, S, Z, VBAR, O,
             num = tl.dot(phi_q.to(Q.dtype.element_ty), state)
         else:
             num = tl.dot(phi_q, state, input_precision=PRECISION)
-        qz = tl.sum(phi_q * z[None, :], axis=1)
-        if INLINE:
-            out = scale * num + (1.0 - scale * qz)[:, None] * vbar[None, :]
+        if INLINE:  # the state is centred: S_c = S - kbar vbar^T
+            out = scale * num + vbar[None, :]
         else:
-            out = num / (qz + eps)[:, None]
+            out = num / (tl.sum(phi_q * z[None, :], axis=1) + eps)[:, None]
         tl.store(o_base + offs_n[:, None].to(tl.int64) * stride_on + offs_e[None, :] * stride_oe,
                  out.to(O.dtype.element_ty), mask=mask_o)
 
 
 @triton.jit(do_not_specialize=['num_heads', 'N', 'D', 'E', 'tiles_per_chunk'])
-def _bwd_q_kernel(Q, DO, S, Z, VBAR, DQ, DS_PART, DZ_PART, DVBAR_PART,
+def _bwd_q_kernel(Q, DO, S, Z, DQ, DS_PART, DZ_PART, DVBAR_PART,
                   stride_qb, stride_qh, stride_qn, stride_qd,
                   stride_gb, stride_gh, stride_gn, stride_ge,
                   stride_dqb, stride_dqh, stride_dqn, stride_dqd,
@@ -214,7 +222,8 @@ def _bwd_q_kernel(Q, DO, S, Z, VBAR, DQ, DS_PART, DZ_PART, DVBAR_PART,
                   FEATURE: tl.constexpr, INLINE: tl.constexpr, PRECISION: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
                   EVEN_D: tl.constexpr, EVEN_E: tl.constexpr):
-    """dq of a query chunk plus its partial dS (d x e), dz (d) and, for InLine, dvbar (e)."""
+    """dq of a query chunk plus its partial dS (d x e), dz (d; kernel LA) and, for InLine,
+    the sum of the output gradients (e); InLine's ``S`` is the centred state."""
     b, h, bh = _head_program(tl.program_id(0), num_heads)
     pid_chunk = tl.program_id(1)
     n_chunks = tl.num_programs(1)
@@ -227,8 +236,6 @@ def _bwd_q_kernel(Q, DO, S, Z, VBAR, DQ, DS_PART, DZ_PART, DVBAR_PART,
     state = _load_padded_matrix(S, bh, offs_d, offs_e, BLOCK_D, BLOCK_E)
     state_t = tl.trans(state)
     z = tl.load(Z + bh * BLOCK_D + offs_d)
-    if INLINE:
-        vbar = tl.load(VBAR + bh * BLOCK_E + offs_e)
     acc_s = tl.zeros((BLOCK_D, BLOCK_E), dtype=tl.float32)
     acc_z = tl.zeros((BLOCK_D, ), dtype=tl.float32)
     acc_v = tl.zeros((BLOCK_E, ), dtype=tl.float32)
@@ -243,13 +250,12 @@ def _bwd_q_kernel(Q, DO, S, Z, VBAR, DQ, DS_PART, DZ_PART, DVBAR_PART,
         g = _load_rows(g_base, offs_n, stride_gn, offs_e, stride_ge, mask_g)
         phi_q = tl.where(mask_q, _feature(q, FEATURE), 0.0)
         if INLINE:
-            g_vbar = tl.sum(g * vbar[None, :], axis=1)  # (BLOCK_N, )
-            d_phi = scale * (tl.dot(g, state_t, input_precision=PRECISION) -
-                             g_vbar[:, None] * z[None, :])
+            # centred forms (no cancellation): d(out)/dq = s S_c with the centred state; the
+            # k / v gradients are centred in _bwd_kv_kernel, which needs dS = s q^T g and
+            # the plain sum of g (the vbar term of out = s q S_c + vbar)
+            d_phi = scale * tl.dot(g, state_t, input_precision=PRECISION)
             acc_s = tl.dot(tl.trans(phi_q), g, acc_s, input_precision=PRECISION)
-            acc_z += tl.sum(phi_q * g_vbar[:, None], axis=0)
-            weight = 1.0 - scale * tl.sum(phi_q * z[None, :], axis=1)
-            acc_v += tl.sum(weight[:, None] * g, axis=0)
+            acc_v += tl.sum(g, axis=0)
         else:
             inv_den = 1.0 / (tl.sum(phi_q * z[None, :], axis=1) + eps)  # (BLOCK_N, )
             num = tl.dot(phi_q, state, input_precision=PRECISION)
@@ -265,7 +271,6 @@ def _bwd_q_kernel(Q, DO, S, Z, VBAR, DQ, DS_PART, DZ_PART, DVBAR_PART,
     part = bh * n_chunks + pid_chunk
     if INLINE:
         acc_s = acc_s * scale
-        acc_z = acc_z * (-scale)
         tl.store(DVBAR_PART + part * BLOCK_E + offs_e, acc_v)
     tl.store(DS_PART + part * BLOCK_D * BLOCK_E + offs_d[:, None] * BLOCK_E + offs_e[None, :],
              acc_s)
@@ -273,7 +278,7 @@ def _bwd_q_kernel(Q, DO, S, Z, VBAR, DQ, DS_PART, DZ_PART, DVBAR_PART,
 
 
 @triton.jit(do_not_specialize=['num_heads', 'M', 'D', 'E'])
-def _bwd_kv_kernel(K, V, DS, DZ, DVBAR, DK, DV,
+def _bwd_kv_kernel(K, V, DS, DZ, DVBAR, Z, VBAR, DK, DV,
                    stride_kb, stride_kh, stride_km, stride_kd,
                    stride_vb, stride_vh, stride_vm, stride_ve,
                    stride_dkb, stride_dkh, stride_dkm, stride_dkd,
@@ -282,7 +287,10 @@ def _bwd_kv_kernel(K, V, DS, DZ, DVBAR, DK, DV,
                    FEATURE: tl.constexpr, WITH_VBAR: tl.constexpr, PRECISION: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
                    EVEN_D: tl.constexpr, EVEN_E: tl.constexpr):
-    """dk = phi'(k) (v dS^T + dz) / M and dv = (phi(k) dS + dvbar) / M of one key tile."""
+    """dk = phi'(k) (v dS^T + dz) / M and dv = phi(k) dS / M of one key tile.
+
+    InLine (``WITH_VBAR``), centred so that nothing cancels: dk = (v - vbar) dS^T / M and
+    dv = ((k - kbar) dS + sum_i g_i) / M (``DVBAR`` holds sum_i g_i, ``Z`` kbar)."""
     b, h, bh = _head_program(tl.program_id(0), num_heads)
     pid_m = tl.program_id(1)
 
@@ -296,16 +304,21 @@ def _bwd_kv_kernel(K, V, DS, DZ, DVBAR, DK, DV,
 
     # Scale the (unbounded) state gradients by 1/M before they meet per-token tensors.
     d_state = _load_padded_matrix(DS, bh, offs_d, offs_e, BLOCK_D, BLOCK_E) * inv_m
-    dz = tl.load(DZ + bh * BLOCK_D + offs_d) * inv_m
     k = _load_rows(K + b * stride_kb + h * stride_kh, offs_m, stride_km, offs_d, stride_kd, mask_k)
     v = _load_rows(V + b * stride_vb + h * stride_vh, offs_m, stride_vm, offs_e, stride_ve, mask_v)
-    phi_k = tl.where(mask_k, _feature(k, FEATURE), 0.0)
-    d_phi = tl.dot(v, tl.trans(d_state), input_precision=PRECISION) + dz[None, :]
-    dk = d_phi * _feature_grad(k, FEATURE)
-    dv = tl.dot(phi_k, d_state, input_precision=PRECISION)
-    if WITH_VBAR:
-        dvbar = tl.load(DVBAR + bh * BLOCK_E + offs_e) * inv_m
-        dv += dvbar[None, :]
+    if WITH_VBAR:  # InLine: identity features, centred operands
+        kbar = tl.load(Z + bh * BLOCK_D + offs_d)
+        vbar = tl.load(VBAR + bh * BLOCK_E + offs_e)
+        dk = tl.dot(v - vbar[None, :], tl.trans(d_state), input_precision=PRECISION)
+        dv = tl.dot(k - kbar[None, :], d_state, input_precision=PRECISION)
+        g_sum = tl.load(DVBAR + bh * BLOCK_E + offs_e) * inv_m
+        dv += g_sum[None, :]
+    else:
+        dz = tl.load(DZ + bh * BLOCK_D + offs_d) * inv_m
+        phi_k = tl.where(mask_k, _feature(k, FEATURE), 0.0)
+        d_phi = tl.dot(v, tl.trans(d_state), input_precision=PRECISION) + dz[None, :]
+        dk = d_phi * _feature_grad(k, FEATURE)
+        dv = tl.dot(phi_k, d_state, input_precision=PRECISION)
     dk_ptrs = (DK + b * stride_dkb + h * stride_dkh + rows * stride_dkm +
                offs_d[None, :] * stride_dkd)
     dv_ptrs = (DV + b * stride_dvb + h * stride_dvh + rows * stride_dvm +
@@ -442,6 +455,13 @@ def _sum_parts(parts: torch.Tensor) -> torch.Tensor:
     return parts.sum(dim=1)
 
 
+def _key_shift(k: torch.Tensor, block_d: int) -> torch.Tensor:
+    """(B * H, block_d) fp32 mean of each head's first (up to) 64 keys, zero-padded."""
+    batch, heads, m, d = k.shape
+    shift = k[:, :, :min(m, 64)].float().mean(dim=-2).reshape(batch * heads, d)
+    return torch.nn.functional.pad(shift, (0, block_d - d)).contiguous()
+
+
 def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, feature: int, inline: bool,
              eps: float, scale: float, cfg: _LaunchConfig
              ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
@@ -456,11 +476,20 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, feature: int, in
     z_part = torch.empty(bh, n_chunks, cfg.block_d, dtype=torch.float32, device=dev)
     vbar_part = (torch.empty(bh, n_chunks, cfg.block_e, dtype=torch.float32, device=dev)
                  if inline else z_part)
+    # InLine's s q S + (1 - s q.kbar) vbar cancels when q.kbar is large (trained ViTs): the
+    # kernels use the centred state S_c = (K - kbar)^T V / M (out = s q S_c + vbar), built
+    # from keys shifted by the mean of each head's first keys (near kbar), so that neither
+    # the fp32 sums nor the TF32 / 16-bit dot operands round relative to the mean (emulated
+    # TF32 at 16k tokens, q / k x10 with shared means: 1.2e-2 -> 1.8e-4 relative).
+    shift = (_key_shift(k, cfg.block_d) if inline else z_part)
     _state_kernel[(bh, n_chunks)](
-        k, v, s_part, z_part, vbar_part, *_strides(k), *_strides(v), heads, m, d, e, 1.0 / m,
-        tiles_per_chunk, FEATURE=feature, WITH_VBAR=inline, BLOCK_M=cfg.block_state, **opts)
+        k, v, shift, s_part, z_part, vbar_part, *_strides(k), *_strides(v), heads, m, d, e,
+        1.0 / m, tiles_per_chunk, FEATURE=feature, WITH_VBAR=inline, BLOCK_M=cfg.block_state,
+        **opts)
     state, z = _sum_parts(s_part), _sum_parts(z_part)
     vbar = _sum_parts(vbar_part) if inline else None
+    if inline:  # sum (k - c)^T v / M - (kbar - c) vbar^T = (K - kbar)^T V / M
+        state = state - (z - shift).unsqueeze(-1) * vbar.unsqueeze(-2)
 
     # Token-major storage (B, N, H, e), returned as the (B, H, N, e) view: the attention
     # layers' transpose(1, 2).reshape(B, N, H * e) is then a view, not a copy per layer.
@@ -492,14 +521,15 @@ def _backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     dvbar_part = (torch.empty(bh, n_chunks, cfg.block_e, dtype=torch.float32, device=dev)
                   if inline else dz_part)
     _bwd_q_kernel[(bh, n_chunks)](
-        q, grad_out, state, z, vbar if inline else z, dq, ds_part, dz_part, dvbar_part,
+        q, grad_out, state, z, dq, ds_part, dz_part, dvbar_part,
         *_strides(q), *_strides(grad_out), *_strides(dq), heads, n, d, e, float(eps),
         float(scale), tiles_per_chunk, FEATURE=feature, INLINE=inline,
         BLOCK_N=cfg.block_bwd_q, **opts)
     d_state, dz = _sum_parts(ds_part), _sum_parts(dz_part)
     dvbar = _sum_parts(dvbar_part) if inline else dz
     _bwd_kv_kernel[(bh, triton.cdiv(m, cfg.block_bwd_kv))](
-        k, v, d_state, dz, dvbar, dk, dv, *_strides(k), *_strides(v), *_strides(dk),
+        k, v, d_state, dz, dvbar, z, vbar if inline else z, dk, dv, *_strides(k),
+        *_strides(v), *_strides(dk),
         *_strides(dv), heads, m, d, e, 1.0 / m, FEATURE=feature, WITH_VBAR=inline,
         BLOCK_M=cfg.block_bwd_kv, **opts)
     return dq, dk, dv
