@@ -23,3 +23,13 @@ model = dict(
 default_hooks = dict(checkpoint=dict(interval=1, max_keep_ckpts=1))
 # student_backbone.pth: the student weights alone, for any backbone's pretrained=
 custom_hooks = [dict(type='mmlinvit.ExportStudentHook')]
+# How to get the images when data/coco/train2017 is missing (tools/train.py stops before
+# anything is built and prints this); the key is the dataset's config location.
+missing_path_hints = {
+    'train_dataloader.dataset':
+    'Stage 1 reads the COCO train2017 images (118k JPEGs; no annotations are used): download '
+    'http://images.cocodataset.org/zips/train2017.zip (18 GB, https://cocodataset.org/#download) '
+    'and unzip it into data/coco so that data/coco/train2017/*.jpg exist, or point the config '
+    'at another folder of images with --cfg-options train_dataloader.dataset.data_root=... '
+    'train_dataloader.dataset.data_prefix=... (searched recursively, labels not needed).',
+}

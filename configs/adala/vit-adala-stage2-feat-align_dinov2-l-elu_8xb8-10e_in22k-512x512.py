@@ -24,4 +24,11 @@ custom_hooks = [dict(type='mmlinvit.ExportStudentHook')]
 missing_path_hints = {
     'load_from': 'Run ViT-AdaLA Stage 1 first: python tools/train.py '
                  'configs/adala/vit-adala-stage1-attn-align_dinov2-l-elu_8xb8-4e_coco-512x512.py',
+    'train_dataloader.dataset':
+    'Stage 2 reads the ImageNet-22K (ImageNet-21K) images; labels are not used. Download the '
+    'full release (e.g. winter21_whole.tar.gz, https://image-net.org/download-images.php, '
+    'account needed), extract it and the per-class tars inside it so that '
+    'data/imagenet21k/train/<wnid>/*.JPEG exist (any sub-folder layout works: the folder is '
+    'searched recursively), or point the config at it with --cfg-options '
+    'train_dataloader.dataset.data_root=... train_dataloader.dataset.data_prefix=...',
 }

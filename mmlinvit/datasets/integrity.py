@@ -4,7 +4,9 @@ A corrupt, truncated or empty file otherwise stops a run when a data worker firs
 possibly hours in (mmseg's ``LoadAnnotations`` then reports a Pillow error on a ``BytesIO``,
 without the file's name).  :func:`scan_dataset_files` reads every file of a built dataset with
 Pillow in full (``Image.load()``, which refuses truncated files), checks that each label map has
-its image's size, and returns the bad files with the reason.  It runs in threads (Pillow's
+its image's size (after the image's EXIF orientation, which mmseg's image loader applies and
+its label loader does not: an oriented image next to a label map of its stored pixels is
+reported), and returns the bad files with the reason.  It runs in threads (Pillow's
 decoders release the GIL) and reports progress through a callback.  In a distributed run each
 process scans its share (``rank::world_size``); the caller gathers the results.
 """
@@ -34,34 +36,80 @@ class ScanResult:
     bad: List[Tuple[str, str]] = dataclasses.field(default_factory=list)
 
 
-def _decode(path: str) -> Tuple[Optional[Tuple[int, int]], Optional[str]]:
-    """(width, height) of a fully decoded image, or the reason it cannot be decoded."""
+#: EXIF tag of the orientation (1 = as stored; 2-8 = flip / rotate when displayed).
+EXIF_ORIENTATION = 0x0112
+#: What each EXIF orientation does to the stored pixels when it is applied.
+ORIENTATIONS = {2: 'mirrored', 3: 'rotated 180 degrees', 4: 'flipped upside down',
+                5: 'transposed', 6: 'rotated 90 degrees clockwise', 7: 'transversed',
+                8: 'rotated 90 degrees counter-clockwise'}
+
+
+def _decode(path: str) -> Tuple[Optional[Tuple[int, int]], Optional[str], int]:
+    """(width, height) of a fully decoded image (as stored) or the reason it cannot be
+    decoded, and its EXIF orientation (1 when it has none)."""
     try:
         with Image.open(path) as img:
             img.load()
-            return img.size, None
+            orientation = img.getexif().get(EXIF_ORIENTATION, 1)
+            return img.size, None, orientation if orientation in ORIENTATIONS else 1
     except Exception as err:  # noqa: BLE001 (any decoder failure makes the file unusable)
-        return None, f'cannot be decoded ({type(err).__name__}: {err})'
+        return None, f'cannot be decoded ({type(err).__name__}: {err})', 1
+
+
+def _orientation_problem(img_path: str, img_size: Tuple[int, int], orientation: int,
+                         seg_size: Tuple[int, int]) -> Optional[str]:
+    """The problem of a label map next to an image with an EXIF orientation, or ``None``.
+
+    mmseg's ``LoadImageFromFile`` decodes with ``color_type='color'`` (cv2 ``IMREAD_COLOR``,
+    and Pillow's ``exif_transpose`` for the pillow backend), which applies the orientation;
+    ``LoadAnnotations`` reads the label map as stored.  A label map of the stored size is
+    then paired with a flipped / rotated image.  One of the displayed size (orientations 5-8
+    swap the sides) was drawn on the turned image and pairs up.
+    """
+    shown = img_size[::-1] if orientation >= 5 else img_size
+    if seg_size == shown and shown != img_size:
+        return None  # drawn on the displayed (turned) image: what the pipeline hands over
+    if seg_size != img_size:
+        return (f'label map is {seg_size[0]}x{seg_size[1]} (WxH) but its image {img_path!r} '
+                f'is {img_size[0]}x{img_size[1]} as stored and {shown[0]}x{shown[1]} after '
+                f'its EXIF Orientation={orientation} is applied')
+    return (f'its image {img_path!r} has EXIF Orientation={orientation}: mmseg\'s '
+            f'LoadImageFromFile (color_type=\'color\') hands the model the image '
+            f'{ORIENTATIONS[orientation]}, but LoadAnnotations reads this label map as stored, '
+            f'so labels land on the wrong pixels (no error is raised). Fix: set '
+            f'color_type=\'color_ignore_orientation\' in the LoadImageFromFile of the train / '
+            f'val / test pipelines, or strip the tag from the images (e.g. exiftool '
+            f'-Orientation= -overwrite_original); if the label maps were drawn on the displayed '
+            f'image instead, write the images turned (PIL.ImageOps.exif_transpose) without the '
+            f'tag')
 
 
 def check_sample(img_path: str, seg_map_path: Optional[str]) -> List[Tuple[str, str]]:
     """Decodes one image and its label map (if any); returns ``(path, reason)`` problems.
+
+    Besides files that do not decode and label maps of another size than their image, an
+    image with an EXIF orientation next to a label map of its stored size is a problem: the
+    image pipeline turns the image, not the label map.
 
     Args:
         img_path: Image file.
         seg_map_path: Label map file, or ``None`` (classification).
 
     Returns:
-        Problems; empty when both decode and their sizes agree.
+        Problems; empty when both decode and their pixels pair up as the pipeline loads them.
     """
     problems = []
-    img_size, reason = _decode(img_path)
+    img_size, reason, orientation = _decode(img_path)
     if reason:
         problems.append((img_path, f'image {reason}'))
     if seg_map_path is not None:
-        seg_size, reason = _decode(seg_map_path)
+        seg_size, reason, _ = _decode(seg_map_path)
         if reason:
             problems.append((seg_map_path, f'label map {reason}'))
+        elif img_size is not None and orientation != 1:
+            problem = _orientation_problem(img_path, img_size, orientation, seg_size)
+            if problem:
+                problems.append((seg_map_path, problem))
         elif img_size is not None and seg_size != img_size:
             problems.append((seg_map_path,
                              f'label map is {seg_size[0]}x{seg_size[1]} (WxH) but its image '

@@ -24,6 +24,8 @@ from mmengine.registry import DATASETS, DefaultScope
 
 #: Examples shown per problem.
 MAX_EXAMPLES = 3
+#: Cityscapes label maps in train ids, as mmseg's converter names them.
+CITYSCAPES_TRAIN_ID_SUFFIX = '_gtFine_labelTrainIds.png'
 
 
 @dataclasses.dataclass
@@ -134,16 +136,29 @@ def _pair_segmentation(ds: Any, report: PairingReport) -> None:
     unpaired = [s for s in stems if s + seg_suffix not in label_files]
     report.num_labels = len(images) - len(unpaired)
     if unpaired:
+        converted = [s for s in stems if s + seg_suffix in label_files]
+        if seg_suffix.endswith(CITYSCAPES_TRAIN_ID_SUFFIX) and converted:
+            fix = (f'The *{CITYSCAPES_TRAIN_ID_SUFFIX} maps are written by mmseg\'s Cityscapes '
+                   f'converter and only some exist: the conversion did not finish. Run it again '
+                   f'(pip install cityscapesscripts; python tools/dataset_converters/'
+                   f'cityscapes.py <data_root> --nproc 8 from an mmsegmentation checkout); do '
+                   f'not point seg_map_suffix at *_gtFine_labelIds.png, which holds the raw '
+                   f'label ids 0-33, not the 19 train ids.')
+        else:
+            fix = ('Fix seg_map_suffix or data_prefix.seg_map_path, or add the missing label '
+                   'maps.')
         report.problems.append(
             f'{report.where}: {len(unpaired)} of {len(images)} images under {img_dir!r} have no '
             f'label map <stem>{seg_suffix} under {seg_dir!r} (seg_map_suffix={seg_suffix!r}; '
             f'e.g. {_examples([s + seg_suffix for s in unpaired])}); that folder holds '
-            f'{describe_files(sorted(label_files))}. Fix seg_map_suffix or '
-            f'data_prefix.seg_map_path, or add the missing label maps.')
+            f'{describe_files(sorted(label_files))}. {fix}')
 
 
 def _pair_classification(ds: Any, report: PairingReport) -> None:
     folder = ds.img_prefix
+    if not osp.isdir(folder):
+        report.problems.append(f'{report.where}: the image folder {folder!r} does not exist.')
+        return
     files = _walk(folder)
     extensions = tuple(sorted(ds.extensions))
     valid = [f for f in files if f.lower().endswith(extensions)]
@@ -162,15 +177,24 @@ def _pair_classification(ds: Any, report: PairingReport) -> None:
             report.problems.append(f'{report.where}: the annotation file {ds.ann_file!r} lists '
                                    f'no images.')
         return
+    loose = [f for f in valid if '/' not in f]
     if ds.with_label:  # one sub-folder per class; files directly in the folder are ignored
         valid = [f for f in valid if '/' in f]
     report.num_images = len(valid)
     if not valid:
         layout = ('<class>/*' if ds.with_label else '**/*')
+        flat = ''
+        if ds.with_label and loose:
+            flat = (f' The {len(loose)} images lie directly in the folder (as '
+                    f'ILSVRC2012_img_val.tar extracts), where a labelled dataset does not look '
+                    f'without an annotation file: give one that lists \'<file> <class index>\' '
+                    f'per line (ImageNet reads <data_root>/meta/<split>.txt when it exists, '
+                    f'e.g. \'ILSVRC2012_val_00000001.JPEG 65\'), or move the images into '
+                    f'their class folders.')
         report.problems.append(
             f'{report.where}: no images {layout}{{{",".join(extensions)}}} under {folder!r} '
-            f'(with_label={ds.with_label}); found {describe_files(files)}. Point data_prefix '
-            f'at the image folder'
+            f'(with_label={ds.with_label}); found {describe_files(files)}.{flat} Point '
+            f'data_prefix at the image folder'
             + (', put each class in its own sub-folder' if ds.with_label else '')
             + ', or set extensions= to the images\' ending.')
 

@@ -7,7 +7,8 @@ raises one :class:`MissingInputsError` naming every missing path, where it was c
 how to obtain it (download, convert, or which training stage produces it).
 
 Configs can add their own advice with ``missing_path_hints = {'model.backbone.pretrained':
-'Run AdaLA Stage 2 ...'}`` (keys are the dotted config locations printed in the error).
+'Run AdaLA Stage 2 ...'}`` (keys are the dotted config locations printed in the error; a
+dataset's location, e.g. ``'train_dataloader.dataset'``, covers all of its paths).
 
 Once a dataset's folders exist, the images (and label maps) it will list are counted with
 mmseg's / mmpretrain's own listing rules (:mod:`mmlinvit.datasets.pairing`): an empty image
@@ -27,11 +28,17 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from mmengine.logging import print_log
 
-from mmlinvit.datasets.pairing import pair_dataset_files
+from mmlinvit.datasets.pairing import CITYSCAPES_TRAIN_ID_SUFFIX, pair_dataset_files
 
 #: Config keys whose string value is a local checkpoint path.
 CHECKPOINT_KEYS = ('pretrained', 'checkpoint', 'teacher_checkpoint', 'teacher_ckpt',
                    'student_checkpoint', 'init_checkpoint')
+
+_CITYSCAPES_CONVERTER = (
+    "mmseg's converter, which writes <city>/*_gtFine_labelTrainIds.png next to each "
+    '*_gtFine_polygons.json: pip install cityscapesscripts, then python '
+    'tools/dataset_converters/cityscapes.py data/cityscapes --nproc 8 (from an mmsegmentation '
+    'checkout)')
 
 #: How to obtain each dataset, keyed by the dataset ``type`` of the config (scope removed).
 DATASET_HINTS: Dict[str, str] = {
@@ -46,11 +53,29 @@ DATASET_HINTS: Dict[str, str] = {
     'CityscapesDataset': (
         'Download leftImg8bit_trainvaltest.zip and gtFine_trainvaltest.zip from '
         'https://www.cityscapes-dataset.com/downloads/, unzip both into <data_root> '
-        '(data/cityscapes by default) and create the *_gtFine_labelTrainIds.png label maps with '
-        "mmseg's converter: python tools/dataset_converters/cityscapes.py data/cityscapes "
-        '--nproc 8 (from an mmsegmentation checkout)'),
-    'ImageNet': ('Download ILSVRC2012 from https://image-net.org/ and arrange it as mmpretrain '
-                 'expects (<data_root>/train/<class>/*.JPEG, <data_root>/val/..., meta/*.txt)'),
+        '(data/cityscapes by default) and create the label maps with ' + _CITYSCAPES_CONVERTER),
+    'ImageNet': (
+        'Download ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar from https://image-net.org/ '
+        '(data/imagenet by default; split=\'train\' reads <data_root>/train/, split=\'val\' '
+        '<data_root>/val/). train/: one folder per class, <data_root>/train/n01440764/*.JPEG '
+        '(extract the train tar, then each class tar inside it into a folder of its name). '
+        'val/: either the same class folders (<data_root>/val/<wnid>/*.JPEG), or flat as '
+        'ILSVRC2012_img_val.tar extracts (<data_root>/val/ILSVRC2012_val_00000001.JPEG ...) with '
+        "mmpretrain's annotation file <data_root>/meta/val.txt, one line per image such as "
+        "'ILSVRC2012_val_00000001.JPEG 65' (the class index in sorted-wnid order, 0-999). "
+        'ImageNet reads meta/<split>.txt whenever it exists; flat images without it are not '
+        'listed at all'),
+    'CIFAR10': (
+        "mmpretrain's CIFAR10 downloads https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz "
+        '(163 MB) into <data_root> on first use (download=True) and would create the folder, '
+        'but pre-flight stops on a missing data root: mkdir -p data/cifar10 (the default '
+        'data_root) to let it download, or extract cifar-10-python.tar.gz there yourself '
+        '(<data_root>/cifar-10-batches-py/data_batch_1 ...) on a machine without internet'),
+    'CIFAR100': (
+        "mmpretrain's CIFAR100 downloads https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz "
+        'into <data_root> on first use (download=True), but pre-flight stops on a missing data '
+        'root: mkdir -p <data_root> to let it download, or extract the archive there yourself '
+        '(<data_root>/cifar-100-python/train ...)'),
     'CustomDataset': ('Put images under <data_root>/<data_prefix> (one sub-folder per class for '
                       'classification, or any folder for unlabelled distillation data)'),
     'CocoDataset': ('Download COCO 2017 images from https://cocodataset.org/#download and '
@@ -109,8 +134,11 @@ def _iter_datasets(dataset: Any, where: str) -> Iterator[Tuple[dict, str]]:
 def _checked_loaders(cfg: Any, mode: str) -> Iterator[Tuple[str, dict]]:
     """Yields (name, config) of the data loaders a ``mode`` run reads.
 
-    ``'train'``: the train loader and, when the config validates (``val_cfg``), the val
-    loader; ``'test'``: the test loader.  Loaders set to ``None`` are skipped.
+    ``'train'``: the train loader and, when the config validates, the val loader;
+    ``'test'``: the test loader.  Loaders set to ``None`` are skipped.  Like mmengine's
+    ``Runner``, a run validates whenever ``val_cfg`` is not ``None``: ``val_cfg = dict()``
+    (every classification schedule) builds the default ``ValLoop`` and its dataset.
+    ``Runner.test()`` needs the test loader whatever ``test_cfg`` is (it fails without one).
     """
     if mode not in ('train', 'test'):
         raise ValueError(f"mode must be 'train' or 'test', got {mode!r}")
@@ -118,9 +146,27 @@ def _checked_loaders(cfg: Any, mode: str) -> Iterator[Tuple[str, dict]]:
     for name in names:
         loader_cfg = cfg.get(name, None)
         if not loader_cfg or (mode == 'train' and name == 'val_dataloader'
-                              and not cfg.get('val_cfg', None)):
+                              and cfg.get('val_cfg', None) is None):
             continue
         yield name, loader_cfg
+
+
+def _freeze(value: Any) -> Any:
+    """A hashable, order-independent copy of a config value (dicts sorted by key)."""
+    if isinstance(value, dict):
+        return tuple(sorted((str(k), _freeze(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze(v) for v in value)
+    return value if isinstance(value, (str, int, float, bool, type(None))) else repr(value)
+
+
+def _dataset_key(dataset: dict) -> Any:
+    """What identifies the files a dataset config lists: the whole config but its pipeline.
+
+    ``test_dataloader = val_dataloader`` is checked once, while ImageNet's train and val sets
+    (same ``data_root``, different ``split``) are two datasets.
+    """
+    return _freeze({k: v for k, v in dataset.items() if k != 'pipeline'})
 
 
 def _iter_checkpoints(node: Any, where: str) -> Iterator[Tuple[str, str]]:
@@ -179,14 +225,50 @@ def _has_file_with_suffix(folder: str, suffix: str) -> bool:
     return False
 
 
+def _cityscapes_suffix_problem(dataset: dict, where: str) -> Optional[str]:
+    """Refuses Cityscapes label maps that are not in train ids (e.g. ``*_gtFine_labelIds.png``).
+
+    mmseg's ``CityscapesDataset`` reads the label map as stored: ``*_labelIds.png`` holds the
+    raw ids 0-33, which the 19-class metric and loss take as train ids, so training and mIoU
+    are silently wrong.
+    """
+    suffix = dataset.get('seg_map_suffix') or CITYSCAPES_TRAIN_ID_SUFFIX
+    if suffix.endswith('labelTrainIds.png'):
+        return None
+    return (f'{where}.seg_map_suffix={suffix!r}: Cityscapes label maps must be in train ids '
+            f'(*{CITYSCAPES_TRAIN_ID_SUFFIX}: 0-18, 255 = ignore). Other gtFine maps hold '
+            f'the raw label ids 0-33 (*_labelIds.png) or colours / instances, which mmseg reads '
+            f'as train ids without an error: training learns the wrong classes and the mIoU is '
+            f'wrong.\n    Fix: drop seg_map_suffix (mmseg\'s default is '
+            f'{CITYSCAPES_TRAIN_ID_SUFFIX!r}) and create the maps with {_CITYSCAPES_CONVERTER}. '
+            f'(Maps that hold train ids already: name them *labelTrainIds.png.)')
+
+
+def _dataset_advice(dataset: dict, where: str, hints: Dict[str, str],
+                    location: Optional[str] = None) -> str:
+    """How to obtain a dataset: the config's ``missing_path_hints`` at ``location`` (e.g.
+    ``train_dataloader.dataset.data_root``) or at the dataset (``train_dataloader.dataset``),
+    else :data:`DATASET_HINTS` of its type."""
+    return (hints.get(location or where) or hints.get(where)
+            or DATASET_HINTS.get(_strip_scope(dataset.get('type')), _GENERIC_DATA_HINT))
+
+
 def _check_dataset(dataset: dict, where: str, hints: Dict[str, str]) -> List[str]:
     problems = []
     dtype = _strip_scope(dataset.get('type'))
-    advice = hints.get(where) or DATASET_HINTS.get(dtype, _GENERIC_DATA_HINT)
+
+    def advice(location: str) -> str:
+        return _dataset_advice(dataset, where, hints, location)
+
+    if dtype == 'CityscapesDataset':
+        problem = _cityscapes_suffix_problem(dataset, where)
+        if problem:
+            problems.append(problem)
     data_root = dataset.get('data_root') or ''
     if data_root and not osp.isdir(data_root):
-        return [f'data root {data_root!r} ({where}.data_root, {dtype or "dataset"}) does not '
-                f'exist.\n    How to get it: {advice}']
+        return problems + [
+            f'data root {data_root!r} ({where}.data_root, {dtype or "dataset"}) does not '
+            f'exist.\n    How to get it: {advice(f"{where}.data_root")}']
     prefixes = dataset.get('data_prefix') or {}
     if isinstance(prefixes, str):
         prefixes = {'data_prefix': prefixes}
@@ -194,26 +276,28 @@ def _check_dataset(dataset: dict, where: str, hints: Dict[str, str]) -> List[str
         if not isinstance(prefix, str) or not prefix or _is_remote(prefix):
             continue
         folder = prefix if osp.isabs(prefix) else osp.join(data_root, prefix)
+        location = f'{where}.data_prefix' + ('' if key == 'data_prefix' else f'.{key}')
         if not osp.isdir(folder):
-            problems.append(f'{key} folder {folder!r} ({where}.data_prefix.{key}) does not '
-                            f'exist.\n    How to get it: {advice}')
+            problems.append(f'{key} folder {folder!r} ({location}) does not '
+                            f'exist.\n    How to get it: {advice(location)}')
+        elif key == 'seg_map_path' and dtype == 'CityscapesDataset':
+            suffix = dataset.get('seg_map_suffix') or CITYSCAPES_TRAIN_ID_SUFFIX
+            if suffix.endswith('labelTrainIds.png') and not _has_file_with_suffix(folder, suffix):
+                problems.append(
+                    f'no *{suffix} under {folder!r} ({where}): the Cityscapes labels are not '
+                    f'converted to train ids.\n    How to get it: {advice(location)}')
         elif key == 'seg_map_path' and dataset.get('seg_map_suffix'):
             suffix = dataset['seg_map_suffix']
             if not _has_file_with_suffix(folder, suffix):
                 problems.append(
                     f'no label maps *{suffix} under {folder!r} ({where}). The raw data may not '
-                    f'be converted yet.\n    How to get it: {advice}')
-        elif key == 'seg_map_path' and dtype == 'CityscapesDataset':
-            if not _has_file_with_suffix(folder, '_gtFine_labelTrainIds.png'):
-                problems.append(
-                    f'no *_gtFine_labelTrainIds.png under {folder!r} ({where}): the Cityscapes '
-                    f'labels are not converted to train ids.\n    How to get it: {advice}')
+                    f'be converted yet.\n    How to get it: {advice(location)}')
     ann_file = dataset.get('ann_file') or ''
     if ann_file and not _is_remote(ann_file):
         path = ann_file if osp.isabs(ann_file) else osp.join(data_root, ann_file)
         if not osp.isfile(path):
             problems.append(f'annotation file {path!r} ({where}.ann_file) does not exist.\n'
-                            f'    How to get it: {advice}')
+                            f'    How to get it: {advice(f"{where}.ann_file")}')
     return problems
 
 
@@ -239,18 +323,25 @@ def find_missing_inputs(cfg: Any,
     hints: Dict[str, str] = dict(cfg.get('missing_path_hints', None) or {})
     problems: List[str] = []
     seen = set()
+    missing_roots = set()
     for loader, loader_cfg in _checked_loaders(cfg, mode):
         for dataset, where in _iter_datasets(loader_cfg.get('dataset'), f'{loader}.dataset'):
-            key = (dataset.get('data_root'), str(dataset.get('data_prefix')))
-            if key in seen:
+            key = _dataset_key(dataset)
+            data_root = dataset.get('data_root') or ''
+            if key in seen or data_root in missing_roots:  # each missing root named once
                 continue
             seen.add(key)
+            if data_root and not osp.isdir(data_root):
+                missing_roots.add(data_root)
             missing = _check_dataset(dataset, where, hints)
             problems.extend(missing)
             if not missing:
                 report = pair_dataset_files(dataset, where, cfg.get('default_scope', None))
                 if report is not None:
-                    problems.extend(report.problems)
+                    hint = ''
+                    if report.num_images == 0:  # nothing found: say how to get the data
+                        hint = f'\n    How to get it: {_dataset_advice(dataset, where, hints)}'
+                    problems.extend(problem + hint for problem in report.problems)
                     if counts is not None:
                         counts.append(report.summary())
 
@@ -396,8 +487,7 @@ def check_data(cfg: Any, mode: str = 'train', num_threads: Optional[int] = None)
     for loader, loader_cfg in _checked_loaders(cfg, mode):
         threads = num_threads or max(1, int(loader_cfg.get('num_workers', 0) or 0))
         for dataset_cfg, where in _iter_datasets(loader_cfg.get('dataset'), f'{loader}.dataset'):
-            key = (dataset_cfg.get('data_root'), str(dataset_cfg.get('data_prefix')),
-                   str(dataset_cfg.get('ann_file')))
+            key = _dataset_key(dataset_cfg)
             if key in seen:
                 continue
             seen.add(key)

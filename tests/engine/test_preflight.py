@@ -329,3 +329,173 @@ def test_crops_padded_to_a_larger_preprocessor_size_are_refused(tmp_path, ade):
         dict(type='RandomResizedCrop', scale=224)])), model=dict(
             data_preprocessor=dict(type='SegDataPreProcessor', size=(256, 256)))))
     assert '(224, 224) training crop' in find_pad_size_problem(cls)
+
+
+# ------------------------------------------------- the val set of classification configs
+IN1K = osp.join(REPO, 'configs', 'copy_mlp_distill_attn',
+                'copy-mlp_deit-b-elu_64xb64-300e_in1k-224x224.py')
+
+
+def _in1k_cfg(root: str) -> Config:
+    cfg = Config.fromfile(IN1K)
+    for loader in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
+        cfg[loader].dataset.data_root = root
+    return cfg
+
+
+def _data_problems(cfg: Config, **kwargs):
+    return [p for p in find_missing_inputs(cfg, **kwargs) if not p.startswith('checkpoint')]
+
+
+def test_classification_val_set_is_checked(tmp_path):
+    """Every classification schedule sets val_cfg = dict() (falsy), with which mmengine
+    validates; ImageNet's train and val sets differ only in split=."""
+    root = str(tmp_path / 'imagenet')
+    _write_images(osp.join(root, 'train'), ['n01440764/a.JPEG', 'n01443537/b.JPEG'])
+    cfg = _in1k_cfg(root)
+    assert cfg.val_cfg == dict()  # the shipped schedule
+    for val_cfg in (dict(), dict(type='ValLoop')):
+        cfg.val_cfg = val_cfg
+        counts = []
+        problems = _data_problems(cfg, counts=counts)
+        assert len(problems) == 1, problems
+        assert problems[0].startswith('val_dataloader.dataset:')
+        assert f"{osp.join(root, 'val')!r} does not exist" in problems[0]
+        assert 'meta/val.txt' in problems[0] and 'ILSVRC2012_val_00000001.JPEG 65' in problems[0]
+        assert counts[0] == 'train_dataloader.dataset: 2 images'
+    cfg.val_cfg = None  # no validation: the val set is not read
+    assert _data_problems(cfg) == []
+    cfg.val_cfg = dict()
+    # tools/test.py reads test_dataloader (= the val set), once
+    assert len(_data_problems(cfg, mode='test')) == 1
+
+    # flat, as ILSVRC2012_img_val.tar extracts: ImageNet lists nothing without meta/val.txt
+    _write_images(osp.join(root, 'val'), ['ILSVRC2012_val_00000001.JPEG',
+                                          'ILSVRC2012_val_00000002.JPEG'])
+    problems = _data_problems(cfg)
+    assert len(problems) == 1 and "no images <class>/*" in problems[0]
+    assert 'The 2 images lie directly in the folder' in problems[0]
+    assert 'meta/<split>.txt' in problems[0]
+    os.makedirs(osp.join(root, 'meta'))
+    with open(osp.join(root, 'meta', 'val.txt'), 'w') as f:
+        f.write('ILSVRC2012_val_00000001.JPEG 65\nILSVRC2012_val_00000002.JPEG 970\n')
+    counts = []
+    assert _data_problems(cfg, counts=counts) == []
+    assert counts == ['train_dataloader.dataset: 2 images', 'val_dataloader.dataset: 2 images']
+
+
+def _toy_cls_with_val(tmp_path):
+    import shutil
+    import sys
+    sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
+    from train_testing import make_image_folder, toy_cls_config
+    root = make_image_folder(str(tmp_path / 'data'))
+    shutil.copytree(osp.join(root, 'train'), osp.join(root, 'val'))
+    cfg = toy_cls_config(root, str(tmp_path / 'wd'))
+    cfg.val_dataloader = dict(
+        batch_size=2, num_workers=0, sampler=dict(type='DefaultSampler', shuffle=False),
+        dataset=dict(type='CustomDataset', data_root=root, data_prefix='val', with_label=True,
+                     pipeline=[dict(type='LoadImageFromFile'), dict(type='PackInputs')]))
+    cfg.val_evaluator = dict(type='Accuracy', topk=(1, ))
+    cfg.val_cfg = dict()  # as every classification schedule
+    return root, cfg
+
+
+def test_check_data_decodes_the_val_set_of_classification_configs(tmp_path):
+    root, cfg = _toy_cls_with_val(tmp_path)
+    bad = osp.join(root, 'val', 'a', '000.png')
+    with open(bad, 'rb') as f:
+        data = f.read()
+    with open(bad, 'wb') as f:
+        f.write(data[:len(data) // 3])
+    with pytest.raises(DataCheckError) as exc:
+        check_data(cfg, num_threads=1)
+    msg = str(exc.value)
+    assert '1 bad file(s) among 16 samples' in msg and f'{bad}: image cannot be decoded' in msg
+
+
+def test_mmengine_validates_with_an_empty_val_cfg(tmp_path):
+    """The reference for the rule above: mmengine's Runner builds the ValLoop (and reads the
+    val folder) for val_cfg = dict()."""
+    import shutil
+    from mmengine.runner import Runner, ValLoop
+    root, cfg = _toy_cls_with_val(tmp_path)
+    shutil.rmtree(osp.join(root, 'val'))
+    runner = Runner.from_cfg(cfg)
+    with pytest.raises(FileNotFoundError, match='data/val'):  # the val set is read
+        runner.val_loop  # noqa: B018
+    assert find_missing_inputs(cfg) != []
+    shutil.copytree(osp.join(root, 'train'), osp.join(root, 'val'))
+    assert isinstance(Runner.from_cfg(cfg).val_loop, ValLoop)
+
+
+def test_cifar_missing_root_named_once_with_the_download_hint(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no data/ here
+    cfg = Config.fromfile(osp.join(REPO, 'configs', 'copy_mlp_distill_attn',
+                                   'copy-mlp-distill-attn_deit-t-elu_8xb64-300e_cifar10-'
+                                   '224x224.py'))
+    problems = _data_problems(cfg)
+    assert len(problems) == 1 and "data root 'data/cifar10'" in problems[0]
+    assert 'mkdir -p data/cifar10' in problems[0] and 'pre-flight stops' in problems[0]
+    assert 'cifar-10-python.tar.gz' in problems[0]
+    os.makedirs('data/cifar10')  # mmpretrain downloads into it on first use
+    assert _data_problems(cfg) == []
+
+
+@pytest.mark.parametrize('name, expected', [
+    ('vit-adala-stage1-attn-align_dinov2-l-elu_8xb8-4e_coco-512x512.py', 'train2017.zip'),
+    ('vit-adala-stage2-feat-align_dinov2-l-elu_8xb8-10e_in22k-512x512.py',
+     'data/imagenet21k/train/<wnid>/*.JPEG'),
+])
+def test_adala_distillation_images_hint(tmp_path, monkeypatch, name, expected):
+    monkeypatch.chdir(tmp_path)
+    cfg = Config.fromfile(osp.join(REPO, 'configs', 'adala', name))
+    problems = _data_problems(cfg)
+    assert len(problems) == 1 and 'train_dataloader.dataset.data_root' in problems[0]
+    assert expected in problems[0]
+
+
+# ---------------------------------------------------------------- Cityscapes label encoding
+def _cityscapes_cfg(root: str, **kwargs) -> Config:
+    return _seg_cfg(dict(type='CityscapesDataset', data_root=root, pipeline=[],
+                         data_prefix=dict(img_path='leftImg8bit/train',
+                                          seg_map_path='gtFine/train'), **kwargs))
+
+
+def test_cityscapes_label_ids_are_refused(tmp_path):
+    import shutil
+    root = str(tmp_path / 'cityscapes')
+    make_cityscapes_layout(root, num_train=2, num_val=1, size=(16, 32))
+    gt = osp.join(root, 'gtFine', 'train', 'toytown')
+    for name in os.listdir(gt):  # the raw label-id maps of the download, next to the train ids
+        shutil.copy(osp.join(gt, name), osp.join(gt, name.replace('labelTrainIds', 'labelIds')))
+    cfg = _cityscapes_cfg(root, seg_map_suffix='_gtFine_labelIds.png')
+    problems = find_missing_inputs(cfg)
+    assert len(problems) == 1
+    assert "seg_map_suffix='_gtFine_labelIds.png'" in problems[0]
+    assert 'tools/dataset_converters/cityscapes.py' in problems[0]
+    assert 'pip install cityscapesscripts' in problems[0]
+    assert find_missing_inputs(_cityscapes_cfg(root)) == []  # mmseg's default suffix
+    assert find_missing_inputs(_cityscapes_cfg(
+        root, seg_map_suffix='_gtFine_labelTrainIds.png')) == []
+
+    # why: mmseg reads a label-id map as stored, i.e. as train ids (cityscapesscripts'
+    # labels.py: road has id 7 and train id 0; train id 7 is 'traffic sign')
+    from mmseg.datasets.transforms import LoadAnnotations
+    ids = np.full((4, 4), 7, np.uint8)  # road (train id 0)
+    path = str(tmp_path / 'x_gtFine_labelIds.png')
+    Image.fromarray(ids).save(path)
+    out = LoadAnnotations()(dict(seg_map_path=path, reduce_zero_label=False, seg_fields=[]))
+    assert (out['gt_seg_map'] == 7).all()  # taken as train id 7 (traffic sign), not 0 (road)
+
+
+def test_cityscapes_interrupted_conversion(tmp_path):
+    root = str(tmp_path / 'cityscapes')
+    stems = make_cityscapes_layout(root, num_train=3, num_val=1, size=(16, 32))
+    os.remove(osp.join(root, 'gtFine', 'train', 'toytown',
+                       stems['train'][1] + '_gtFine_labelTrainIds.png'))
+    problems = find_missing_inputs(_cityscapes_cfg(root))
+    assert len(problems) == 1 and '1 of 3 images' in problems[0]
+    assert 'the conversion did not finish. Run it again' in problems[0]
+    assert 'pip install cityscapesscripts' in problems[0]
+    assert 'Fix seg_map_suffix' not in problems[0]
