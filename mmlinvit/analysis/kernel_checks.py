@@ -79,12 +79,19 @@ def check_linear_attention(la_kernel: ModuleType, name: str, n: int, m: int, hea
         d: Query / key head dimension.
         e: Value head dimension.
         dtype: Input dtype.
-        mode: ``'inline'`` or a kernel feature map (``'elu'``, ``'relu'``).
+        mode: ``'inline'``, ``'inline trained'`` (InLine on trained-ViT-like activations:
+            q / k x10 with a shared mean of 1, v with mean 0.5, where ``s q S`` and
+            ``(1 - s q.kbar) vbar`` cancel) or a kernel feature map (``'elu'``, ``'relu'``).
         device: Where the inputs live.
     """
     from mmlinvit.ops.linear_attention import inline_attention_torch, linear_attention_torch
     q, k, v = make_qkv(n, m, heads, d, e, dtype, device)
-    if mode == 'inline':
+    if mode == 'inline trained':
+        with torch.no_grad():
+            q, k = (((t.float() + 1.0) * 10.0).to(dtype) for t in (q, k))
+            v = (v.float() + 0.5).to(dtype)
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+    if mode.startswith('inline'):
         out = la_kernel.inline_attention_triton(q, k, v, d**-0.5)
         ref_fn = lambda a, b, c: inline_attention_torch(a, b, c, d**-0.5)  # noqa: E731
     else:

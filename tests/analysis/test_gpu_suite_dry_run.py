@@ -237,6 +237,7 @@ def test_gpu_suite_dry_run_writes_json_and_png(tmp_path):
     assert {r['dtype'] for r in result['check_ssd']} >= {'float32', 'bfloat16'}
     assert all(r['dq'] >= 0 and r['dv'] >= 0 for r in result['check_linear_attention'])
     assert any(r['case'].startswith('elu cross') for r in result['check_linear_attention'])
+    assert any(r['case'] == 'inline trained acts' for r in result['check_linear_attention'])
     assert len(result['linear_attention']) == 2 and all(
         r['triton ms'] > 0 and r['HBM fwd'] > 0 and r['in L2'] == 'yes'
         for r in result['linear_attention'])

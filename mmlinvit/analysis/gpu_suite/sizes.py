@@ -72,6 +72,7 @@ def full_sizes() -> Sizes:
             ('elu d=48 e=40 ragged', 4101, 4101, 4, 48, 40, torch.float16, 'elu'),
             ('inline', 4097, 4097, 16, 64, 64, torch.bfloat16, 'inline'),
             ('inline fp32 ragged', 1001, 1001, 16, 64, 64, torch.float32, 'inline'),
+            ('inline trained acts', 16411, 16411, 16, 64, 64, torch.bfloat16, 'inline trained'),
             ('elu cross N!=M', 977, 3079, 16, 64, 64, torch.bfloat16, 'elu'),
         ])
 
@@ -90,6 +91,8 @@ def dry_sizes() -> Sizes:
         pair_sizes=[(32, 48)], repeats=1,
         extra_la_cases=[('elu d=12 e=10 ragged', 29, 29, 2, 12, 10, torch.float16, 'elu'),
                         ('inline', 33, 33, 2, 16, 16, torch.bfloat16, 'inline'),
+                        ('inline trained acts', 70, 70, 2, 16, 16, torch.float16,
+                         'inline trained'),
                         ('elu cross N!=M', 17, 41, 2, 16, 16, torch.bfloat16, 'elu')],
         sweep_tokens=(40, 70), sweep_ssd_length=40, sweep_programs=(4, ),
         sweep_programs_out=(2, ), sweep_limit=2, vit_l_target=(42, 42))
