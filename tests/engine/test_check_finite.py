@@ -90,15 +90,20 @@ def test_mmpretrain_epoch_run_stops_at_a_nan_weight(tmp_path):
     assert not osp.exists(osp.join(work_dir, 'epoch_2.pth'))
 
 
-def test_amp_skipped_steps_stay_allowed(tmp_path, toy_root, monkeypatch):
-    # With --amp, a non-finite gradient makes the loss scaler skip the step and halve its
-    # scale: training goes on with finite weights.
+@pytest.fixture
+def cpu_amp(monkeypatch):
+    """AmpOptimWrapper refuses CPU-only machines; give it torch's CPU GradScaler."""
     import mmengine.optim.optimizer.amp_optimizer_wrapper as amp
     if not torch.cuda.is_available():
-        # AmpOptimWrapper refuses CPU-only machines; give it torch's CPU GradScaler.
         monkeypatch.setattr(amp, 'is_cuda_available', lambda: True)
         monkeypatch.setattr(amp, 'GradScaler', functools.partial(torch.amp.GradScaler,
                                                                  device='cpu'))
+
+
+@pytest.mark.usefixtures('cpu_amp')
+def test_amp_skipped_steps_stay_allowed(tmp_path, toy_root):
+    # With --amp, a non-finite gradient makes the loss scaler skip the step and halve its
+    # scale: training goes on with finite weights.
     work_dir = str(tmp_path / 'wd')
     cfg = toy_config(toy_root, work_dir, max_iters=6, interval=3)
     cfg.optim_wrapper.loss_scale = dict(init_scale=1024.0, growth_interval=1000)
@@ -113,15 +118,13 @@ def test_amp_skipped_steps_stay_allowed(tmp_path, toy_root, monkeypatch):
     ckpt = torch.load(osp.join(work_dir, 'iter_6.pth'), map_location='cpu', weights_only=False)
     assert ckpt['optimizer']['loss_scaler']['scale'] == 512.0  # one skipped step
     assert all_finite(osp.join(work_dir, 'iter_6.pth'))
-def test_amp_run_whose_every_step_is_skipped_stops(tmp_path, toy_root, monkeypatch):
+
+
+@pytest.mark.usefixtures('cpu_amp')
+def test_amp_run_whose_every_step_is_skipped_stops(tmp_path, toy_root):
     # NaN gradients from iteration 3 on, the loss finite: the scaler skips every step and
     # halves its scale, the weights never change. The run used to finish (exit 0) writing
     # checkpoints of frozen weights; now it stops once the scale is below min_loss_scale.
-    import mmengine.optim.optimizer.amp_optimizer_wrapper as amp
-    if not torch.cuda.is_available():
-        monkeypatch.setattr(amp, 'is_cuda_available', lambda: True)
-        monkeypatch.setattr(amp, 'GradScaler', functools.partial(torch.amp.GradScaler,
-                                                                 device='cpu'))
     work_dir = str(tmp_path / 'wd')
     cfg = toy_config(toy_root, work_dir, max_iters=16, interval=4)
     cfg.optim_wrapper.loss_scale = dict(init_scale=1024.0, growth_interval=1000)
