@@ -34,8 +34,8 @@ that counts aten ops by shape, so it also works on ``torch.device('meta')`` tens
 
 Closed forms (:func:`analytic_vit_flops`), per layer, N tokens, width D, d = D / H:
 GEMMs (qkv, proj, MLP) 8 N D^2 + 4 N D M_h (= 24 N D^2 for M_h = 4 D); softmax attention
-4 N^2 D; kernel linear attention / InLine 4 N d D, plus 2 N D for the normaliser mat-vec
-(``exact=True``).  The patch embedding adds 2 P (c p^2) D for P patches.
+4 N^2 D; kernel linear attention / InLine 4 N d D, plus 2 N D for the kernel attention's
+normaliser mat-vec (``exact=True``; InLine's centred form has none).  The patch embedding adds 2 P (c p^2) D for P patches.
 """
 import importlib
 import math
@@ -105,20 +105,23 @@ def linear_attention_function_flops(q: torch.Tensor, k: torch.Tensor, v: torch.T
 
     Counted like the PyTorch path (:func:`~mmlinvit.ops.linear_attention.linear_attention_torch`
     / ``inline_attention_torch``): the state ``phi(K)^T V`` (2 B H M d e), its application
-    ``phi(Q) S`` (2 B H N d e) and the normaliser / ``q.kbar`` mat-vec (2 B H N d).  With
-    M = N, e = d and D = H d that is 4 N d D + 2 N D per batch element.
+    ``phi(Q) S`` (2 B H N d e) and, for kernel attention, the normaliser mat-vec (2 B H N d;
+    InLine's centred form ``s q S_c + vbar`` has none).  With M = N, e = d and D = H d that
+    is 4 N d D + 2 N D (InLine: 4 N d D) per batch element.
 
     Args:
         q: Queries (..., N, d).
         k: Keys (..., M, d).
         v: Values (..., M, e).
-        *args: Remaining Function arguments (feature map code, eps...), ignored.
+        *args: Remaining Function arguments: the feature map code, then whether it is
+            InLine (the Triton Function's ``inline`` flag); the rest ignored.
         **kwargs: Ignored.
     """
     lead = math.prod(q.shape[:-2])
     n, d = q.shape[-2], q.shape[-1]
     m, e = k.shape[-2], v.shape[-1]
-    return 2 * lead * m * d * e + 2 * lead * n * d * e + 2 * lead * n * d
+    inline = len(args) > 1 and bool(args[1])
+    return 2 * lead * m * d * e + 2 * lead * n * d * e + (0 if inline else 2 * lead * n * d)
 
 
 def extra_sdpa_ops() -> Tuple[Any, ...]:
@@ -421,10 +424,10 @@ def attention_flops(operator: str, num_tokens: int, embed_dims: int, num_heads: 
         num_tokens: N.
         embed_dims: D.
         num_heads: H (head width d = D / H).
-        exact: Add the linear-attention normaliser mat-vec (2 N D), as counted.
+        exact: Add the kernel linear attention's normaliser mat-vec (2 N D), as counted.
 
     Returns:
-        4 N^2 D (softmax) or 4 N d D (+ 2 N D) (kernel linear attention, InLine).
+        4 N^2 D (softmax), 4 N d D (+ 2 N D) (kernel linear attention) or 4 N d D (InLine).
     """
     if operator not in ANALYTIC_OPERATORS:
         raise KeyError(f'No closed-form FLOP count for operator {operator!r}; available: '
@@ -433,7 +436,8 @@ def attention_flops(operator: str, num_tokens: int, embed_dims: int, num_heads: 
     if operator == 'softmax':
         return 4 * n * n * d_model
     head_dims = embed_dims // num_heads
-    return 4 * n * head_dims * d_model + (2 * n * d_model if exact else 0)
+    normaliser = 2 * n * d_model if exact and operator != 'inline' else 0
+    return 4 * n * head_dims * d_model + normaliser
 
 
 def _operator_name(cfg: Union[str, Mapping[str, Any]]) -> str:
@@ -482,5 +486,6 @@ def analytic_vit_flops(img_size: Union[int, Tuple[int, int]],
     extras = 0
     if exact:
         extras += 2 * num_patches * in_channels * patch_size * patch_size * embed_dims
-        extras += sum(2 * n * embed_dims for op in ops if op in _LINEAR_ANALYTIC_OPERATORS)
+        extras += sum(2 * n * embed_dims for op in ops
+                      if op in _LINEAR_ANALYTIC_OPERATORS and op != 'inline')
     return AnalyticFlops(num_tokens=n, gemms=gemms, attention=mixing, extras=extras)

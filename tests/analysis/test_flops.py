@@ -45,6 +45,8 @@ def test_counted_equals_exact_closed_form(operator, device):
     head_dims = d_model // heads
     if operator == 'softmax':
         mixing = depth * 4 * n * n * d_model
+    elif operator == 'inline':  # centred state K_c^T V, Q S_c (no mat-vec)
+        mixing = depth * 4 * n * head_dims * d_model
     else:  # state K^T V, Q S, normaliser mat-vec
         mixing = depth * (4 * n * head_dims * d_model + 2 * n * d_model)
     assert counted.total == patch_embed + gemms + mixing
