@@ -49,7 +49,6 @@ import torch.nn.functional as F
 from mmlinvit.layers.mamba2 import Mamba2Mixer
 from mmlinvit.layers.norm import RMSNorm
 from mmlinvit.layers.patch_embed import PatchEmbed
-from mmlinvit.layers.pos_embed import infer_square_grid
 from mmlinvit.layers.transformer import DropPath
 from .base import TokenBackbone
 from .checkpointing import run_block
@@ -421,15 +420,6 @@ class Adventurer(TokenBackbone):
         return (report.source_layout == 'adventurer' and report.prefix == ''
                 and 'head.weight' in report.dropped
                 and 'flipped_blocks' in report.initialised)
-
-    def _load_other_grid(self, pos: torch.Tensor) -> torch.Tensor:
-        """A direct ``load_state_dict`` adopts the checkpoint's (square) position grid, which
-        forward then resamples per input (:meth:`init_weights` resamples it to the model grid
-        instead, keeping the parameter)."""
-        self.pos_grid = infer_square_grid(pos.shape[1] - 1)
-        self.pos_embed = nn.Parameter(torch.empty_like(pos, device=self.pos_embed.device),
-                                      requires_grad=self.pos_embed.requires_grad)
-        return pos
 
     # ------------------------------------------------------------------ forward pieces
     @property

@@ -168,12 +168,16 @@ def test_pos_embed_interpolation_and_grid_adoption():
     assert hw == (6, 3)
     proj_bias = model.patch_embed.proj.bias
     torch.testing.assert_close(tokens[:, :-1], expected + proj_bias)
-    # A checkpoint from another grid is adopted (and resampled per forward).
+    # A checkpoint from another grid is resampled to the model grid into the same parameter
+    # (it used to replace the parameter: after mmengine's load_from the optimizer and DDP
+    # held the old one, so the position embedding silently stopped training, or DDP failed).
     small = tiny(img_size=32)
+    param = model.pos_embed
     model.load_state_dict(small.state_dict())
-    assert model.pos_grid == (2, 2) and model.pos_embed.shape == (1, 5, 32)
-    x = torch.randn(1, 3, 64, 64)
-    torch.testing.assert_close(model(x)[0], small.eval()(x)[0])
+    assert model.pos_embed is param and model.pos_grid == (4, 4)
+    expected = resample_pos_grid(small.pos_embed[:, :-1], (2, 2), (4, 4), 'bicubic')
+    torch.testing.assert_close(model.pos_embed[:, :-1], expected)
+    torch.testing.assert_close(model.pos_embed[:, -1:], small.pos_embed[:, -1:])
 
 
 # -------------------------------------------------------------------------------- masking
