@@ -182,7 +182,10 @@ def adapt_to_device(cfg: Config, launcher: str = 'none') -> None:
         return
     replaced = replace_sync_bn(cfg.get('model', {}))
     if replaced:
-        print_log(f'No CUDA device: replaced {replaced} SyncBN layer config(s) by BN',
+        several = (' (BN statistics are then those of each process\'s batch, not of the '
+                   'global batch, and checkpoints keep rank 0\'s running statistics)'
+                   if launcher != 'none' else '')
+        print_log(f'No CUDA device: replaced {replaced} SyncBN layer config(s) by BN{several}',
                   logger='current', level=logging.WARNING)
     if cfg.get('env_cfg', None) is None:
         cfg.env_cfg = ConfigDict()
@@ -387,7 +390,9 @@ def add_training_safeguards(cfg: Config) -> Config:
       save non-finite weights;
     * unless the config sets ``exact_resume = False``: ``mmlinvit.RandomStateHook`` (random
       states of every rank saved in checkpoints, restored on ``--resume``) and per-sample
-      random streams for the data pipeline (:func:`seed_samples_of_train_loader`);
+      random streams for the data pipeline (:func:`seed_samples_of_train_loader`); with
+      several processes each rank's own streams (dropout, drop-path) are seeded from
+      (seed, rank) unless ``rank_random_streams = False``;
     * an early error for ``AmpOptimWrapper`` without a device that runs it, and gradient
       accumulation counted by ``auto_scale_lr`` (EMA momentum / checkpoint interval warned):
       :mod:`mmlinvit.engine.accumulation`.
@@ -402,7 +407,8 @@ def add_training_safeguards(cfg: Config) -> Config:
     adapt_to_accumulation(cfg)
     _add_custom_hook(cfg, 'mmlinvit.CheckFiniteHook')
     if cfg.get('exact_resume', True):
-        _add_custom_hook(cfg, 'mmlinvit.RandomStateHook')
+        _add_custom_hook(cfg, 'mmlinvit.RandomStateHook',
+                         rank_streams=bool(cfg.get('rank_random_streams', True)))
         seed_samples_of_train_loader(cfg)
     return cfg
 

@@ -102,6 +102,8 @@ def test_resume_is_exact_in_a_two_process_gloo_run(tmp_path, toy_root):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert sorted(full) == [0, 1] and all(sorted(full[r]) == list(range(1, 11)) for r in (0, 1))
     assert full[0][1]['loss'] != full[1][1]['loss']  # the ranks see different samples
+    # each rank draws its own dropout / drop-path masks (seed + rank, as DeiT / DINOv2)
+    assert full[0][1]['torch_stream'] != full[1][1]['torch_stream']
 
     work_dir = str(tmp_path / 'run')
     proc, first = _dist_train(cfg(0), tmp_path, 'first', work_dir,

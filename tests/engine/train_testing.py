@@ -9,6 +9,7 @@ import json
 import math
 import os
 import os.path as osp
+import zlib
 from typing import Dict, List, Optional, Sequence
 
 import torch
@@ -176,7 +177,9 @@ def read_losses(path: str) -> Dict[int, Dict[int, Dict[str, float]]]:
 
 @HOOKS.register_module(force=True)
 class RecordLossesHook(Hook):
-    """Appends ``{rank, iter, <loss keys>}`` of every training iteration to a JSON-lines file."""
+    """Appends ``{rank, iter, <loss keys>, torch_stream}`` of every training iteration to a
+    JSON-lines file (``torch_stream``: a CRC of the global torch generator's state, read
+    without drawing from it)."""
 
     priority = 'LOWEST'
 
@@ -184,7 +187,8 @@ class RecordLossesHook(Hook):
         self.path = path
 
     def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
-        row = dict(rank=runner.rank, iter=runner.iter + 1)
+        row = dict(rank=runner.rank, iter=runner.iter + 1,
+                   torch_stream=zlib.crc32(torch.random.get_rng_state().numpy().tobytes()))
         row.update({k: float(torch.as_tensor(v).detach().float().mean())
                     for k, v in (outputs or {}).items() if 'loss' in k})
         with open(self.path, 'a') as f:

@@ -34,6 +34,9 @@ def normalized_mse(student: torch.Tensor, teacher: torch.Tensor, eps: float) -> 
 class NormalizedAttentionOutputMSELoss(AttentionOutputMSELoss):
     """Attention-output MSE per block divided by the teacher's mean square, then reduced.
 
+    The denominator is the teacher mean square of each process's batch: under DDP the term
+    (and its gradient) is not that of the global batch.
+
     Same records, token handling, block reduction and ``forward`` as
     :class:`~mmlinvit.distill.losses.AttentionOutputMSELoss`; only each block's MSE is divided
     by ``mean(t_i^2) + eps`` (teacher, detached).  With ``loss_weight = 1`` a student that

@@ -60,14 +60,27 @@ class RandomStateHook(Hook):
     * ``before_save_checkpoint``: writes them under ``checkpoint['mmlinvit_random_states']``.
     * ``after_load_checkpoint`` + the first ``before_train_iter`` of a resumed run: each rank
       gets its state back, right where the interrupted run would have continued.
+    * the first ``before_train_iter`` of a run that is not resumed, with several processes:
+      each rank's streams are re-seeded from (run seed, rank), so that dropout, drop-path,
+      Mixup / CutMix draws differ between ranks, as the official DeiT / DINOv2 / Adventurer /
+      timm code seeds ``seed + rank`` (mmengine's shared seed made every rank draw the same
+      masks for its part of the batch; its ``diff_rank_seed`` also reseeds the sampler, whose
+      data order then cannot be reproduced).  The data order and the per-sample augmentation
+      streams keep the shared seed.
+
+    Args:
+        rank_streams: Re-seed the process streams per rank (above); ``False`` keeps mmengine's
+            identical streams on every rank (config key ``rank_random_streams = False``).
     """
 
     priority = 'ABOVE_NORMAL'
 
-    def __init__(self) -> None:
+    def __init__(self, rank_streams: bool = True) -> None:
+        self.rank_streams = rank_streams
         self._gathered: Optional[Tuple[Tuple[int, int], List[Dict[str, Any]]]] = None
         self._pending: Optional[Dict[str, Any]] = None
         self._pending_iter: Optional[int] = None
+        self._started = False
 
     # ------------------------------------------------------------------ data loaders
     def before_train(self, runner) -> None:
@@ -119,12 +132,16 @@ class RandomStateHook(Hook):
             self._pending = dict(missing=True)
 
     def before_train_iter(self, runner, batch_idx: int, data_batch: Any = None) -> None:
-        """Restores this rank's state at the first iteration after a resume."""
-        if self._pending is None:
-            return
+        """Restores this rank's state at the first iteration after a resume; at the first
+        iteration of a fresh multi-process run, seeds this rank's own streams."""
+        first, self._started = not self._started, True
         pending, self._pending = self._pending, None
-        if self._pending_iter is None or runner.iter != self._pending_iter:
-            return  # load_from (fine-tuning from a checkpoint), not a resume
+        resumed = (pending is not None and self._pending_iter is not None
+                   and runner.iter == self._pending_iter)
+        if first and not resumed and self.rank_streams:
+            self._seed_rank_streams(runner)
+        if not resumed:
+            return  # a fresh run, or load_from (fine-tuning from a checkpoint)
         if pending.get('missing'):
             print_log('The resumed checkpoint has no random states (written without '
                       'mmlinvit.RandomStateHook): dropout, drop-path and other random draws '
@@ -140,3 +157,26 @@ class RandomStateHook(Hook):
                       logger='current', level=logging.WARNING)
             return
         restore_random_state(states[rank])
+
+    @staticmethod
+    def _seed_rank_streams(runner) -> None:
+        rank, world_size = get_dist_info()
+        if world_size == 1:
+            return
+        seed = rank_stream_seed(int(runner.seed), rank)
+        random.seed(seed)
+        np.random.seed(seed)
+        torch.manual_seed(seed)  # CPU and every CUDA device
+        print_log(f'Random streams of rank {rank} seeded with {seed} (run seed {runner.seed}, '
+                  f'rank {rank}); data order and augmentation keep the run seed',
+                  logger='current')
+
+
+def rank_stream_seed(seed: int, rank: int) -> int:
+    """The 32-bit seed of rank ``rank``'s process streams in a run seeded with ``seed``.
+
+    Args:
+        seed: The run seed.
+        rank: The process rank.
+    """
+    return int(np.random.SeedSequence([seed % 2**32, rank]).generate_state(1)[0])
