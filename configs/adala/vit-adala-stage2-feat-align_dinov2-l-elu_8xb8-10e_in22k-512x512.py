@@ -23,7 +23,9 @@ load_from = stage1_checkpoint
 custom_hooks = [dict(type='mmlinvit.ExportStudentHook')]
 missing_path_hints = {
     'load_from': 'Run ViT-AdaLA Stage 1 first: python tools/train.py '
-                 'configs/adala/vit-adala-stage1-attn-align_dinov2-l-elu_8xb8-4e_coco-512x512.py',
+                 'configs/adala/vit-adala-stage1-attn-align_dinov2-l-elu_8xb8-4e_coco-512x512.py'
+                 ' (with only its exported student_backbone.pth at hand: --cfg-options '
+                 'load_from=None model.student.pretrained=PATH)',
     'train_dataloader.dataset':
     'Stage 2 reads the ImageNet-22K (ImageNet-21K) images; labels are not used. Download the '
     'full release (e.g. winter21_whole.tar.gz, https://image-net.org/download-images.php, '

@@ -140,3 +140,48 @@ def _per_module(missing: List[str], model_keys: List[str]) -> str:
     for key in missing:
         counts[top(key)] = counts.get(top(key), 0) + 1
     return ', '.join(f'{name} {count}/{totals[name]}' for name, count in counts.items())
+
+
+def check_training_load_from(model: nn.Module, checkpoint: Mapping[str, Any],
+                             source: str) -> None:
+    """Raises when a training run's ``load_from`` gives a trainable backbone none of its
+    weights while nothing else would (no ``pretrained=``).
+
+    mmengine loads ``load_from`` with ``strict=False``: a file whose keys do not match (an
+    exported ``student_backbone.pth`` given to a distillation or task model, whose keys carry
+    ``student.`` / ``backbone.``) loads nothing, and the run trains from a random
+    initialisation with only a key-mismatch note in the log.  Fine-tuning that replaces a
+    head or a neck (their keys missing) is not refused: only backbones of which the file
+    holds less than half of the weights.
+
+    Args:
+        model: The model to train (not wrapped), after ``init_weights``.
+        checkpoint: The loaded ``load_from`` checkpoint.
+        source: What the checkpoint is, for the message.
+
+    Raises:
+        CheckpointCoverageError: naming the backbone, the counts, what the file looks like
+            and ``check_checkpoint_coverage=False``.
+    """
+    present = set(_unwrapped(checkpoint.get('state_dict', checkpoint)))
+    for prefix, module in model.named_modules():
+        if not isinstance(module, TokenBackbone) or getattr(module, 'pretrained', None):
+            continue
+        if not any(p.requires_grad for p in module.parameters()):
+            continue  # a frozen teacher: its weights come from its own checkpoint
+        stem = f'{prefix}.' if prefix else ''
+        optional = set(module.OPTIONAL_CHECKPOINT_KEYS)
+        keys = [stem + k for k in module.state_dict() if k not in optional]
+        covered = sum(k in present for k in keys)
+        if keys and 2 * covered < len(keys):
+            bare = sum(k[len(stem):] in present for k in keys)
+            what = (f' The file holds a bare backbone (e.g. an exported student_backbone.pth): '
+                    f'load it as model.{stem}pretrained=PATH and leave load_from unset.'
+                    if 2 * bare >= len(keys) else
+                    ' Check that it was written by a run of a model with this backbone.')
+            raise CheckpointCoverageError(
+                f'load_from {source} holds {covered} of the {len(keys)} weights of the '
+                f'trainable backbone {prefix or "(the model)"!r}, which has no pretrained= '
+                f'either: mmengine would load it with strict=False and train that backbone '
+                f'from its random initialisation.{what} To train anyway, pass --cfg-options '
+                f'check_checkpoint_coverage=False.')

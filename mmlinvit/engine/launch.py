@@ -436,6 +436,10 @@ def build_runner(cfg: Config, mode: str = 'train', checkpoint: Optional[str] = N
                                                   cfg.get('load_from', None), cfg.work_dir)
         if cfg.get('resume', False) and cfg.load_from is not None:
             cfg.randomness = resume_randomness(cfg.get('randomness', None), cfg.load_from)
+        elif cfg.load_from is not None and cfg.get('check_checkpoint_coverage', True):
+            # strict=False: a file whose keys do not match would load nothing
+            _add_custom_hook(cfg, 'mmlinvit.CheckpointCoverageHook',
+                             source=repr(cfg.load_from), mode='train')
         add_training_safeguards(cfg)
     elif checkpoint is not None:
         check_checkpoint_file(checkpoint)

@@ -403,3 +403,21 @@ def test_patch_tokens_only_needs_the_token_layouts():
         teacher_token_layout='context.teacher_token_layout')
     model = MODELS.build(cfg)
     assert model.token_layouts['student'] == (1, 0)  # the class token is left out
+
+
+def test_build_time_dry_run_does_not_claim_pretrained_was_never_loaded(tmp_path):
+    """The dry run at build time runs before the runner's init_weights(): it used to warn
+    that the student's pretrained= weights were never loaded (every Copy-MLP -distill run)
+    and so used up the one warning; a forward without init_weights() still warns."""
+    import warnings
+
+    from mmlinvit.backbones import VisionTransformer
+    path = str(tmp_path / 'student.pth')
+    torch.save(VisionTransformer(tiny_arch(), patch_size=PATCH, img_size=IMG_SIZE,
+                                 attn_cfg='elu').state_dict(), path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        model = MODELS.build(attn_out_model(student=vit('elu', pretrained=path)))
+    assert not [w for w in caught if 'never loaded' in str(w.message)]
+    with pytest.warns(UserWarning, match='never loaded'):
+        model.student(images())

@@ -75,6 +75,28 @@ def stage2(assets, stage1):
     return dict(work_dir=work_dir, history=recorder.history, stage1_ckpt=stage1_ckpt)
 
 
+@pytest.mark.parametrize('load', ['student_backbone.pth', 'epoch_1.pth'])
+def test_stage2_load_from_must_give_the_student_its_weights(assets, stage1, load, tmp_path):
+    """The exported Stage-1 backbone given as Stage 2's load_from (keys without 'student.')
+    loaded nothing with strict=False: Stage 2 trained a random student (34 of 63 tensors at
+    their initialisation in the audit) and exited 0. tools/train.py's runner now refuses it
+    with the fix; the runner checkpoint still trains."""
+    from mmlinvit.engine.checkpoint_coverage import CheckpointCoverageError
+    from mmlinvit.engine.launch import build_runner
+    cfg = Config.fromfile(osp.join(CONFIGS, RECIPE_CONFIGS[1]))
+    shrink_config(cfg, assets['data'], str(tmp_path / 'work'),
+                  teacher_ckpt=assets['ckpts']['dinov2'])
+    cfg.load_from = osp.join(stage1['work_dir'], load)
+    runner = build_runner(cfg)
+    if load == 'epoch_1.pth':
+        runner.train()
+        return
+    with pytest.raises(CheckpointCoverageError,
+                       match=r"holds 0 of the \d+ weights of the trainable backbone 'student'"
+                             r".*bare backbone.*model\.student\.pretrained=PATH"):
+        runner.train()
+
+
 def test_adala_stage1(assets, stage1):
     ckpts = assets['ckpts']
     history, ckpt = stage1['history'], stage1['ckpt']

@@ -40,6 +40,7 @@ from mmengine.dist import get_rank
 from mmengine.logging import print_log
 from mmengine.model import BaseModel
 
+from mmlinvit.backbones.base import TokenBackbone
 from mmlinvit.distill.patch_masking import PatchMasking
 from mmlinvit.distill.teacher_forcing import TeacherForcing
 from mmlinvit.registry import MODELS
@@ -410,6 +411,12 @@ class DistillationModel(BaseModel):
         inputs = torch.randn(1, 3, height, width, generator=generator)
         was_training = self.training
         self.eval()
+        # runs before the runner's init_weights(): a backbone's pretrained= is not loaded yet,
+        # which is not worth the "never loaded" warning (and would use up its one warning)
+        quiet = [m for m in self.modules()
+                 if isinstance(m, TokenBackbone) and not m._warned_not_loaded]
+        for module in quiet:
+            module._warned_not_loaded = True
         try:
             with torch.no_grad(), self._recording():
                 mask = (self._sample_patch_mask(inputs, advance=False)
@@ -419,6 +426,8 @@ class DistillationModel(BaseModel):
                 self._distill_terms(self._context(mask), dry_run=True)
         finally:
             self.train(was_training)
+            for module in quiet:
+                module._warned_not_loaded = False
 
     # ------------------------------------------------------------------ mmengine API
     def loss(self, inputs: torch.Tensor, data_samples: Optional[list] = None) -> Dict[str, Any]:
