@@ -35,3 +35,10 @@ optim_wrapper = dict(
             'decode_head.cls_embed', 'decode_head.mask_embed'
         ]),
     clip_grad=dict(max_norm=0.01, norm_type=2))
+# ViT-Adapter's schedule (mmcv poly with a linear warm-up): the poly decay counts from
+# iteration 0 and the warm-up multiplies it (mmseg's UPerNet schedule starts the poly after the
+# warm-up, ~1-2 % higher lr throughout).
+param_scheduler = [
+    dict(type='LinearLR', start_factor=1e-6, by_epoch=False, begin=0, end=1500),
+    dict(type='PolyLR', eta_min=0.0, power=1.0, begin=0, end=80000, by_epoch=False),
+]

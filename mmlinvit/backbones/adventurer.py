@@ -217,6 +217,30 @@ class StageFeatures(NamedTuple):
     hw_shape: Tuple[int, int]
 
 
+
+#: Per-block stochastic depth rules of :class:`Adventurer` (``drop_path_schedule``).
+DROP_PATH_SCHEDULES = ('official', 'linear')
+
+
+def drop_path_rates(rate: float, depth: int, schedule: str = 'official') -> List[float]:
+    """Stochastic depth rate of each block (plain Python: works under ``torch.device('meta')``).
+
+    Args:
+        rate: The maximum rate.
+        depth: Number of blocks.
+        schedule: ``'official'``: the public Adventurer code's ``[0] + linspace(0, rate,
+            depth)``, block i taking entry i (shifted by one block); ``'linear'``:
+            ``linspace(0, rate, depth)``.
+
+    Raises:
+        ValueError: for an unknown schedule, naming the known ones.
+    """
+    if schedule not in DROP_PATH_SCHEDULES:
+        raise ValueError(f'Unknown drop_path_schedule {schedule!r}; available: '
+                         f'{DROP_PATH_SCHEDULES}')
+    linear = [rate * i / max(depth - 1, 1) for i in range(depth)]
+    return ([0.0] + linear)[:depth] if schedule == 'official' else linear
+
 class Adventurer(TokenBackbone):
     """Adventurer backbone with ViT-like outputs (classification, segmentation, distillation).
 
@@ -235,8 +259,11 @@ class Adventurer(TokenBackbone):
         with_mask_token: Whether a learnable ``mask_token`` exists (masked distillation).
             Build with ``False`` to load released checkpoints, which have none.
         drop_rate: Dropout after the position embedding and in the MLPs.
-        drop_path_rate: Maximum stochastic depth rate, linearly increasing from 0 at the
-            first block (the public code shifts this schedule by one block).
+        drop_path_rate: Maximum stochastic depth rate of the per-block schedule.
+        drop_path_schedule: ``'official'`` (default; the public Adventurer code's rule:
+            ``([0] + linspace(0, rate, depth))[i]`` for block i, so blocks 0 and 1 have none
+            and the last has ``rate (depth - 2) / (depth - 1)``) or ``'linear'``
+            (``linspace(0, rate, depth)``, timm's ViT rule).
         out_indices: Block indices whose outputs :meth:`forward` returns (negative allowed).
         out_type: ``'raw'`` (B, n + 1, C), ``'cls_token'`` (B, C), ``'avg_featmap'`` (B, C: mean
             of patch tokens), ``'featmap'`` (B, C, h, w) or ``'cls_avg'`` (class tokens of the
@@ -280,6 +307,7 @@ class Adventurer(TokenBackbone):
                  with_mask_token: bool = True,
                  drop_rate: float = 0.0,
                  drop_path_rate: float = 0.0,
+                 drop_path_schedule: str = 'official',
                  out_indices: Union[int, Sequence[int]] = -1,
                  out_type: str = 'cls_token',
                  norm_all_outputs: bool = False,
@@ -335,8 +363,7 @@ class Adventurer(TokenBackbone):
         self.pos_embed = nn.Parameter(
             torch.zeros(1, self.pos_grid[0] * self.pos_grid[1] + 1, self.embed_dims))
         self.pos_drop = nn.Dropout(drop_rate)
-        # linspace(0, drop_path_rate, depth) in Python (works under torch.device('meta'))
-        dpr = [drop_path_rate * i / max(self.num_layers - 1, 1) for i in range(self.num_layers)]
+        dpr = drop_path_rates(drop_path_rate, self.num_layers, drop_path_schedule)
         self.layers = nn.ModuleList([
             AdventurerBlock(
                 self.embed_dims,

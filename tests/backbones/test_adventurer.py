@@ -250,7 +250,15 @@ def test_get_layer_depth():
 def test_drop_path_and_init():
     model = tiny(drop_path_rate=0.3)
     rates = [blk.drop_path.drop_prob for blk in model.layers]
-    assert rates[0] == 0.0 and abs(rates[-1] - 0.3) < 1e-9 and rates == sorted(rates)
+    depth = len(rates)
+    # the public code (models_mamba.py): dpr = [0.0] + linspace(0, rate, depth), block i dpr[i]
+    official = [0.0] + [0.3 * i / (depth - 1) for i in range(depth)]
+    assert rates == pytest.approx(official[:depth])
+    linear = [blk.drop_path.drop_prob
+              for blk in tiny(drop_path_rate=0.3, drop_path_schedule='linear').layers]
+    assert linear == pytest.approx([0.3 * i / (depth - 1) for i in range(depth)])
+    with pytest.raises(ValueError, match=r"drop_path_schedule 'timm'.*'official', 'linear'"):
+        tiny(drop_path_rate=0.3, drop_path_schedule='timm')
     x = torch.randn(2, 3, 64, 64)
     model.train()
     assert not torch.allclose(model(x)[0], model(x)[0])
