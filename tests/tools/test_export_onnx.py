@@ -63,6 +63,16 @@ def _onnx_outputs(path: Path, images: torch.Tensor) -> List[torch.Tensor]:
             for o in session.run(None, {session.get_inputs()[0].name: images.numpy()})]
 
 
+def _metadata(path: Path) -> dict:
+    """The ``mmlinvit.input.*`` entries of an ONNX file's ``metadata_props``."""
+    import json
+
+    import onnx
+    props = onnx.load(str(path), load_external_data=False).metadata_props
+    return {p.key[len('mmlinvit.input.'):]: json.loads(p.value) for p in props
+            if p.key.startswith('mmlinvit.input.')}
+
+
 def _max_err(got, ref) -> float:
     assert len(got) == len(ref)
     assert all(tuple(a.shape) == tuple(b.shape) for a, b in zip(got, ref))
@@ -86,6 +96,12 @@ def test_student_segmentor_exports_whole_and_matches(tmp_path):
     assert got[0].shape[:2] == (1, 6)  # (B, classes, h, w) decode-head logits
     assert _max_err(got, ref) < 1e-4
     assert _max_err(got, other) > 1e-2
+    # the graph takes the preprocessor's output; the file says which (the config's values)
+    meta = _metadata(out)
+    pre = model.data_preprocessor
+    assert meta['mean'] == pre.mean.flatten().tolist() and meta['std'] == pre.std.flatten().tolist()
+    assert meta['bgr_to_rgb'] is True and meta['pad_to_multiple'] == 8
+    assert 'LoadImageFromFile' in meta['prepare'] and 'RGB' in meta['prepare']
 
 
 def test_softmax_teacher_of_a_distillation_config(tmp_path):
@@ -103,10 +119,16 @@ def test_softmax_teacher_of_a_distillation_config(tmp_path):
     with torch.no_grad():
         ref = list(teacher(images))
     assert _max_err(_onnx_outputs(out, images), ref) < 1e-4
+    # the student graph takes CIFAR statistics; the teacher's takes its own (ImageNet)
+    meta = _metadata(out)
+    assert meta['mean'] == pytest.approx([123.675, 116.28, 103.53])
+    assert meta['std'] == pytest.approx([58.395, 57.12, 57.375])
+    student_mean = model.data_preprocessor.mean.flatten().tolist()
+    assert meta['mean'] != pytest.approx(student_mean)
     # A teacher checkpoint of another size is refused with the keys / shapes named.
     torch.save({k: v[..., :8] if v.ndim else v for k, v in teacher.state_dict().items()},
                tmp_path / 'bad.pth')
-    with pytest.raises(ValueError, match=r'other shapes.*pos_embed'):
+    with pytest.raises(SystemExit, match=r'error: .*other shapes.*pos_embed'):
         _tool().main([str(ROOT / DISTILL_CLS), str(tmp_path / 'bad.pth'), '--which', 'teacher',
                       '--out', str(tmp_path / 'bad.onnx'), '--shape', '32', '32'])
 
@@ -135,6 +157,47 @@ def test_shape_off_the_patch_grid_is_refused(tmp_path):
         _tool().main([str(ROOT / STUDENT_SEG), 'none', '--out', str(tmp_path / 'x.onnx'),
                       '--shape', '66', '64'])
     assert not (tmp_path / 'x.onnx').exists()
+
+
+LINEAR_HEAD_DINOV2 = 'configs/adala/linear-head_adala-dinov2-l-elu_64xb16-30e_in1k-512x512.py'
+TINY_DINOV2 = ["model.backbone.arch={'embed_dims': 32, 'num_layers': 2, 'num_heads': 2, "
+               "'mlp_hidden_dims': 64, '_delete_': True}", 'model.head.in_channels=32']
+
+
+def test_classifier_off_the_patch_grid_exports_as_evaluated(tmp_path):
+    """A classifier pads a side off the patch grid inside its backbone, as the graph does: the
+    AdaLA linear head's own 512 crop at patch 14 was refused (with advice that computes
+    another model); now exported, equal to the PyTorch classifier."""
+    options = dict((item.split('=', 1)[0], eval(item.split('=', 1)[1])) for item in TINY_DINOV2)
+    model = _build(LINEAR_HEAD_DINOV2, seed=5, cfg_options=options)
+    ckpt = tmp_path / 'cls.pth'
+    torch.save(model.state_dict(), ckpt)
+    out = tmp_path / 'cls.onnx'
+    info = _tool().main([str(ROOT / LINEAR_HEAD_DINOV2), str(ckpt), '--out', str(out),
+                         '--shape', '64', '64', '--cfg-options', *TINY_DINOV2])
+    assert info['part'] == 'model' and info['patch_size'] == 14
+    images = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        ref = [model(images, None, mode='tensor')]
+    assert _max_err(_onnx_outputs(out, images), ref) < 1e-4
+
+
+def test_mask2former_segmentor_is_refused_with_the_backbone_route():
+    """mmseg's Mask2Former head needs data samples in forward (mode='tensor' passes none): a
+    bare TypeError before; the check names --part backbone."""
+    from mmseg.models.decode_heads import Mask2FormerHead, UPerHead
+    path = ROOT / 'tools' / 'deployment' / 'onnx_tools.py'
+    spec = importlib.util.spec_from_file_location('onnx_tools_under_test', path)
+    onnx_tools = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(onnx_tools)
+
+    class Head:
+        forward = Mask2FormerHead.forward
+
+    class Plain:
+        forward = UPerHead.forward
+
+    assert onnx_tools._needs_data_samples(Head()) and not onnx_tools._needs_data_samples(Plain())
 
 
 def _runner_checkpoint(config: str, work_dir: Path) -> Path:

@@ -9,10 +9,16 @@ optimizer), which only a full unpickle reads: pass ``--trust-checkpoint`` for su
 when you trust it (unpickling runs code from the file).
 
 * ``--part auto`` (default): mmseg segmentors and mmpretrain classifiers export whole, in
-  ``mode='tensor'`` (segmentation: decode-head logits, (B, classes, H / 4, W / 4) for UPerNet;
-  classification: class logits); a distillation model exports its student's backbone (a bare
-  backbone student) or its student task model; ``--part backbone`` exports the backbone only
-  (outputs ``out0``... = the ``out_indices`` features);
+  ``mode='tensor'`` (segmentation: decode-head logits at 4 x the backbone's grid, e.g. (B,
+  classes, H / 4, W / 4) for UPerNet at patch 16, 4 H / 14 for patch 14: resize them to the
+  image; classification: class logits); a distillation model exports its student's backbone
+  (a bare backbone student) or its student task model; ``--part backbone`` exports the
+  backbone only (outputs ``out0``... = the ``out_indices`` features).  Mask2Former heads need
+  data samples and cannot be exported whole: export their backbone;
+* the graph takes the data preprocessor's OUTPUT (channel swap and normalisation are not in
+  it): the mean / std / channel swap are printed and written into the file's
+  ``metadata_props`` (``mmlinvit.input.*``); ``--which teacher`` records the teacher's own
+  statistics (``teacher_input_norm``); a slide-inference config's graph is one window;
 * ``--which teacher`` exports a distillation config's softmax teacher instead of the student.
 
 The graph has a FIXED input size, ``--shape H W`` (default: the config's crop), batch
@@ -51,7 +57,7 @@ from mmlinvit.converters.checkpoint_file import CheckpointFileError  # noqa: E40
 from mmlinvit.utils.cli import add_trust_checkpoint_argument  # noqa: E402
 from onnx_tools import (DEFAULT_OPSET, PARTS, WHICH, build_export_module,  # noqa: E402
                         check_export_shape, export_onnx, max_abs_errors, onnxruntime_outputs,
-                        onnxruntime_session)
+                        onnxruntime_session, write_onnx_metadata)
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -103,13 +109,17 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
         module, info = build_export_module(args.config, checkpoint, args.part, args.which,
                                            _cfg_options(args.cfg_options),
                                            trust_checkpoint=args.trust_checkpoint)
-    except (UntrustedCheckpointError, CheckpointFileError) as err:
+    except (UntrustedCheckpointError, CheckpointFileError, ValueError) as err:
         raise SystemExit(f'error: {err}') from None
     h, w = args.shape or info['crop']
-    try:
-        check_export_shape((h, w), info['patch_size'])
-    except ValueError as err:
-        raise SystemExit(f'error: {err}') from None
+    if info['pads_outside_backbone']:  # a segmentor pads outside the graph's backbone
+        try:
+            check_export_shape((h, w), info['patch_size'])
+        except ValueError as err:
+            raise SystemExit(f'error: {err}') from None
+    elif info['patch_size'] and (h % info['patch_size'] or w % info['patch_size']):
+        print(f'note: {h}x{w} is not a multiple of the patch size {info["patch_size"]}: the '
+              f'graph pads it inside the backbone (bottom / right), as the evaluated model does')
     out = args.out or os.path.join(
         os.path.dirname(os.path.abspath(checkpoint)) if checkpoint else
         os.path.join(ROOT, 'work_dirs', 'onnx'),
@@ -119,10 +129,13 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     images = torch.randn(args.batch, 3, h, w)
     t0 = time.perf_counter()
     names = export_onnx(module, images, out, args.opset)
+    write_onnx_metadata(out, {f'mmlinvit.input.{k}': v for k, v in info['input'].items()})
     info.update(onnx=out, shape=[args.batch, 3, h, w], outputs=names,
                 export_s=round(time.perf_counter() - t0, 1))
     print(f'exported {info["which"]} {info["part"]} ({info["model"]}, backbone '
           f'{info["backbone"]}) at {args.batch}x3x{h}x{w} to {out} in {info["export_s"]} s')
+    print(f'  input: {info["input"]["prepare"]} (also in the file\'s metadata_props '
+          f'mmlinvit.input.*)')
     if not args.no_check:
         with torch.no_grad():
             ref = list(module(images))

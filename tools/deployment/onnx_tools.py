@@ -16,6 +16,8 @@
 
 Imports of onnx / onnxruntime / OpenMMLab happen inside the functions that need them.
 """
+import inspect
+import json
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -182,6 +184,13 @@ def build_export_module(config: str,
         part = 'model' if isinstance(task, BaseModel) and task is not backbone else 'backbone'
     if part == 'model' and not (isinstance(task, BaseModel) and task is not backbone):
         raise ValueError(f'{config}: the {which} is a bare backbone; export part "backbone"')
+    head = getattr(task, 'decode_head', None)
+    if part == 'model' and head is not None and _needs_data_samples(head):
+        raise ValueError(
+            f'{config}: {type(head).__name__}.forward needs data samples (batch_data_samples) '
+            f'and its pixel decoder does not pass torch.export: the whole segmentor cannot be '
+            f'exported. Export the backbone with --part backbone and run the neck and head in '
+            f'PyTorch.')
     prefix = None
     if checkpoint is not None:
         # Whole-model files load into the whole model (distillation: teacher weights are not
@@ -193,8 +202,75 @@ def build_export_module(config: str,
     info = dict(config=config, checkpoint=checkpoint, part=part, which=which,
                 model=type(task).__name__, backbone=type(backbone).__name__,
                 checkpoint_prefix=prefix, crop=_config_crop(cfg, backbone),
-                patch_size=_patch_size(backbone))
+                patch_size=_patch_size(backbone),
+                # a segmentor pads to the patch grid outside its backbone (and crops the
+                # prediction back), as the graph cannot; classifiers pad inside it
+                pads_outside_backbone=head is not None)
+    info['input'] = graph_input_convention(model, task, which, info)
     return module, info
+
+
+def _needs_data_samples(head: nn.Module) -> bool:
+    """Whether a decode head's ``forward`` has a required ``batch_data_samples`` argument
+    (mmseg's Mask2Former head), which ``mode='tensor'`` does not pass."""
+    params = inspect.signature(head.forward).parameters
+    param = params.get('batch_data_samples')
+    return param is not None and param.default is inspect.Parameter.empty
+
+
+def graph_input_convention(model: nn.Module, task: nn.Module, which: str,
+                           info: Dict[str, Any]) -> Dict[str, Any]:
+    """What the exported graph takes: the data preprocessor's output, which the graph does not
+    contain (written into the ONNX file's metadata and the tool's JSON).
+
+    Args:
+        model: The config's model (a distillation model, or the task model itself).
+        task: The exported task model (or the distillation model's part).
+        which: ``'student'`` or ``'teacher'``.
+        info: The export description so far (``patch_size``, ``pads_outside_backbone``).
+
+    Returns:
+        ``mean`` / ``std`` (0-255 units; ``None`` when the preprocessor does not normalise),
+        ``bgr_to_rgb`` (the preprocessor's channel swap of the loaded image), the padding
+        multiple and a sentence saying how to prepare an image.
+    """
+    pre = getattr(model, 'data_preprocessor', None)
+    mean, std = getattr(pre, 'mean', None), getattr(pre, 'std', None)
+    normalises = (getattr(pre, '_enable_normalize', mean is not None)
+                  and isinstance(mean, torch.Tensor))
+    mean = mean.flatten().tolist() if normalises else None
+    std = std.flatten().tolist() if normalises else None
+    teacher_norm = getattr(model, 'teacher_input_norm', None)
+    if which == 'teacher' and teacher_norm is not None:
+        mean, std = teacher_norm.stats['mean'], teacher_norm.stats['std']
+    # mmseg's SegDataPreProcessor / mmpretrain's ClsDataPreprocessor name the swap apart
+    swap = bool(getattr(pre, '_channel_conversion', getattr(pre, 'to_rgb', False)))
+    patch = info.get('patch_size')
+    how = ('the data preprocessor\'s output: the image as the test pipeline loads it (BGR '
+           'for files read by LoadImageFromFile)' + (', channels reversed to RGB' if swap else
+                                                    '') +
+           (f', then (x - mean) / std with mean {mean} and std {std} (0-255 units)'
+            if mean is not None else ', not normalised') +
+           ('; pad H and W to multiples of the patch size as the segmentor does '
+            '(patch_padding) and crop the logits back, then resize them to the image and take '
+            'the argmax' if info.get('pads_outside_backbone') else
+            '; a side off the patch grid is padded inside the graph (bottom / right)'))
+    return dict(mean=mean, std=std, bgr_to_rgb=swap, pad_to_multiple=patch, prepare=how)
+
+
+def write_onnx_metadata(path: str, entries: Dict[str, Any]) -> None:
+    """Adds ``entries`` (JSON-encoded values) to an ONNX file's ``metadata_props``.
+
+    Args:
+        path: The ONNX file (external weight files, if any, are left alone).
+        entries: Key -> value.
+    """
+    import onnx
+    proto = onnx.load(path, load_external_data=False)
+    for key, value in entries.items():
+        prop = proto.metadata_props.add()
+        prop.key, prop.value = key, json.dumps(value)
+    onnx.save(proto, path)
 
 
 def _patch_size(backbone: nn.Module) -> Optional[int]:
