@@ -234,12 +234,13 @@ def graph_input_convention(model: nn.Module, task: nn.Module, which: str,
         ``bgr_to_rgb`` (the preprocessor's channel swap of the loaded image), the padding
         multiple and a sentence saying how to prepare an image.
     """
+    from mmlinvit.models.distill import DistillationConfigError
+    from mmlinvit.models.distill.teacher_input_norm import student_input_stats
     pre = getattr(model, 'data_preprocessor', None)
-    mean, std = getattr(pre, 'mean', None), getattr(pre, 'std', None)
-    normalises = (getattr(pre, '_enable_normalize', mean is not None)
-                  and isinstance(mean, torch.Tensor))
-    mean = mean.flatten().tolist() if normalises else None
-    std = std.flatten().tolist() if normalises else None
+    try:
+        mean, std = (t.tolist() for t in student_input_stats(pre))
+    except DistillationConfigError:  # the preprocessor does not normalise
+        mean = std = None
     teacher_norm = getattr(model, 'teacher_input_norm', None)
     if which == 'teacher' and teacher_norm is not None:
         mean, std = teacher_norm.stats['mean'], teacher_norm.stats['std']

@@ -15,17 +15,10 @@ from typing import List, Mapping, Optional, Sequence
 import torch.nn as nn
 
 from mmlinvit.backbones.adventurer import stage_block_indices
-from mmlinvit.distill.recorders import ModuleRecorder, module_exists
+from mmlinvit.distill.recorders import ModuleRecorder
+from mmlinvit.distill.teacher_forcing import count_blocks
 from .errors import DistillationConfigError
 from .input_specs import InputSpec
-
-
-def template_depth(model: nn.Module, recorder: ModuleRecorder) -> int:
-    """How many modules a template recorder's source matches in ``model`` (its depth)."""
-    depth = 0
-    while module_exists(model, recorder.source.format(i=depth)):
-        depth += 1
-    return depth
 
 
 def matching_indices(indices: Sequence[int], depth: int, other_depth: int) -> Optional[List[int]]:
@@ -88,8 +81,8 @@ def check_stage_depths(term_inputs: Mapping[str, Sequence[InputSpec]],
             s_idx, t_idx = list(student_rec.indices), list(teacher_rec.indices)
             if len(s_idx) != len(t_idx):
                 continue  # the term's own shape check names that
-            s_depth = template_depth(models['student'], student_rec)
-            t_depth = template_depth(models['teacher'], teacher_rec)
+            s_depth = count_blocks(models['student'], student_rec.source)
+            t_depth = count_blocks(models['teacher'], teacher_rec.source)
             if all(Fraction(s + 1, s_depth) == Fraction(t + 1, t_depth)
                    for s, t in zip(s_idx, t_idx)):
                 continue
