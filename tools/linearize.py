@@ -31,9 +31,10 @@ from mmlinvit.backbones import VisionTransformer
 from mmlinvit.backbones.arch_zoo import VIT_FAMILIES, VIT_SIZES
 from mmlinvit.backbones.operator_setting import declared_setting
 from mmlinvit.layers.attention import ATTENTION_OPERATORS
-from mmlinvit.layers.pos_embed import infer_square_grid
-from mmlinvit.converters import (check_state_dict_fits, convert_state_dict, layout_names,
-                                 load_checkpoint_file)
+from mmlinvit.layers.pos_embed import POS_GRID_RECORD, checkpoint_pos_grid
+from mmlinvit.backbones.training_record import (MLP_ACT_RECORD, TrainingRecordMismatchError,
+                                                decode_names)
+from mmlinvit.converters import check_state_dict_fits, layout_names, read_checkpoint
 from mmlinvit.transfer import TRANSFER_STRATEGIES, transfer_weights
 from mmlinvit.utils.cli import add_trust_checkpoint_argument, checkpoint_io_parser
 
@@ -49,6 +50,14 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                              'num_layers, num_heads, mlp_hidden_dims')
     parser.add_argument('--family', default='deit', help='ViT family (deit, deit3, mae, '
                         'dinov2, clip)')
+    parser.add_argument('--act', default=None, choices=('gelu', 'quick_gelu'),
+                        help="MLP activation of teacher and student (default: the checkpoint's "
+                             "record, else the family's). CLIP weights need it unless they are "
+                             "OpenAI's release: open_clip LAION-2B / DataComp and timm "
+                             "*_clip_224.laion2b* weights use gelu, OpenAI's quick_gelu")
+    parser.add_argument('--norm-eps', type=float, default=None,
+                        help="LayerNorm epsilon of teacher and student (default: the family's; "
+                             "mmpretrain's converted CLIP classifiers use 1e-6)")
     parser.add_argument('--operator', default=None,
                         help='student attention operator for every layer: a name (elu, relu, '
                              'hedgehog, inline, mhla, ttt, ...) or a JSON config dict')
@@ -166,8 +175,9 @@ def teacher_structure(state_dict: Dict[str, torch.Tensor]) -> Dict[str, Any]:
         structure['patch_size'] = int(patch.shape[-1])
         if 'pos_embed' in state_dict:  # the resolution the checkpoint's grid was learned at
             n_patches = state_dict['pos_embed'].shape[1] - int(structure['with_cls_token'])
-            side = infer_square_grid(n_patches)[0]
-            structure['img_size'] = side * structure['patch_size']
+            rows, cols = checkpoint_pos_grid(n_patches, state_dict.get(POS_GRID_RECORD))
+            size = (rows * structure['patch_size'], cols * structure['patch_size'])
+            structure['img_size'] = size[0] if rows == cols else size
     return structure
 
 
@@ -179,19 +189,29 @@ def main(argv: Optional[List[str]] = None) -> int:
     arch = _parse_json_or_name(args.arch)
     check_names(attn_cfg, args.strategy, arch, args.family)
 
-    raw = load_checkpoint_file(args.teacher_ckpt, trust_checkpoint=args.trust_checkpoint)
-    state_dict, conversion = convert_state_dict(raw, layout=args.layout)
+    state_dict, conversion, _ = read_checkpoint(args.teacher_ckpt, layout=args.layout,
+                                                trust_checkpoint=args.trust_checkpoint)
     structure = teacher_structure(state_dict)
 
     teacher_cfg = dict(arch=arch, family=args.family, attn_cfg='softmax', **structure)
+    if args.act is not None:
+        teacher_cfg['act'] = args.act
+    elif MLP_ACT_RECORD in state_dict:  # the student's MLP is the teacher's
+        teacher_cfg['act'] = decode_names(state_dict[MLP_ACT_RECORD])[0]
+    if args.norm_eps is not None:
+        teacher_cfg['norm_eps'] = args.norm_eps
     if structure['with_cls_token']:
         teacher_cfg['out_type'] = 'cls_token'
     else:
         teacher_cfg['out_type'] = 'avg_featmap'
     teacher = VisionTransformer(**teacher_cfg)
-    check_state_dict_fits(teacher, state_dict, strict=True,
-                          source=f'{args.teacher_ckpt!r} (read as layout '
-                                 f'{conversion.source_layout!r})')
+    source = f'{args.teacher_ckpt!r} (read as layout {conversion.source_layout!r})'
+    try:
+        teacher.check_checkpoint_act(state_dict, source)
+    except TrainingRecordMismatchError as err:
+        print(f'error: {err}', file=sys.stderr)
+        return 1
+    check_state_dict_fits(teacher, state_dict, strict=True, source=source)
     teacher.load_state_dict(state_dict, strict=True)
 
     student_cfg = dict(teacher_cfg, attn_cfg=attn_cfg)

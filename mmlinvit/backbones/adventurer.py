@@ -49,6 +49,7 @@ import torch.nn.functional as F
 from mmlinvit.layers.mamba2 import Mamba2Mixer
 from mmlinvit.layers.norm import RMSNorm
 from mmlinvit.layers.patch_embed import PatchEmbed
+from mmlinvit.layers.pos_embed import POS_GRID_RECORD
 from mmlinvit.layers.transformer import DropPath
 from .base import TokenBackbone
 from .checkpointing import run_block
@@ -289,11 +290,14 @@ class Adventurer(TokenBackbone):
     FINAL_NORM = 'norm_f'
     STEM = ('cls_token', 'mask_token', 'pos_embed', 'patch_embed')
     BUILD_OPTIONS = 'arch / with_mask_token / mixer_cfg / flip_schedule'
-    TRAINING_RECORDS = ('flipped_blocks', )
+    TRAINING_RECORDS = ('flipped_blocks', POS_GRID_RECORD)
     OPTIONAL_CHECKPOINT_KEYS = {
         'flipped_blocks': 'record of the patch flips (checkpoints of the public code and of '
                           'mmlinvit before the record have none): the flips of flip_schedule '
                           'are used',
+        POS_GRID_RECORD: 'record of the (rows, cols) grid of pos_embed (checkpoints of the '
+                         'public code and of mmlinvit before the record have none; their grid '
+                         "is square): the model's grid is recorded",
     }
 
     def __init__(self,

@@ -25,7 +25,7 @@ from typing import Dict, Optional, Sequence, Tuple, Union
 import torch
 import torch.nn as nn
 
-from mmlinvit.layers.pos_embed import infer_square_grid, resample_pos_grid
+from mmlinvit.layers.pos_embed import POS_GRID_RECORD, checkpoint_pos_grid, resample_pos_grid
 from mmlinvit.ops.graph_capture import capturing_graph
 from .checkpointing import run_block
 from .outputs import check_output_setting, combine_outputs, format_tokens, resolve_out_indices
@@ -62,8 +62,13 @@ class TokenBackbone(nn.Module):
         self.out_indices = resolve_out_indices(out_indices, self.num_layers)
         self._check_output_setting()
         self._init_parameters()
-        self._register_load_state_dict_pre_hook(self._check_training_records_on_load)
+        # The position grid is recorded with the weights: a checkpoint's grid of another size
+        # is resampled from its true (rows, cols), which its row count alone does not give.
+        self.register_training_record(POS_GRID_RECORD,
+                                      torch.tensor(tuple(self.pos_grid), dtype=torch.long))
+        # Before the records hook, which replaces the checkpoint's records by the model's.
         self._register_load_state_dict_pre_hook(self._adapt_pos_embed_on_load)
+        self._register_load_state_dict_pre_hook(self._check_training_records_on_load)
         self._register_load_state_dict_pre_hook(self._note_weights_loaded)
         #: Whether weights were loaded (``init_weights`` with ``pretrained``, or any
         #: ``load_state_dict`` / runner checkpoint that reaches this module).
@@ -177,29 +182,52 @@ class TokenBackbone(nn.Module):
         before, after = self.pos_extra_rows
         return pos[:, before:pos.shape[1] - after]
 
-    def resample_pos_embed(self, pos: torch.Tensor) -> torch.Tensor:
-        """A (1, rows, C) position embedding of another square grid, resampled to ``pos_grid``.
+    def checkpoint_grid(self, pos: torch.Tensor,
+                        recorded: Optional[torch.Tensor] = None) -> Tuple[int, int]:
+        """The (rows, cols) grid of a checkpoint's (1, rows, C) ``pos_embed``.
+
+        Args:
+            pos: Position embedding of a checkpoint.
+            recorded: The checkpoint's ``pos_embed_grid`` record, if any; without it the grid
+                must be square (see :func:`~mmlinvit.layers.pos_embed.checkpoint_pos_grid`).
+
+        Returns:
+            ``(rows, cols)``.
+        """
+        return checkpoint_pos_grid(self.patch_rows(pos).shape[1], recorded)
+
+    def resample_pos_embed(self, pos: torch.Tensor,
+                           recorded: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """A (1, rows, C) position embedding of another grid, resampled to ``pos_grid``.
 
         Class rows are kept; the grid is resampled with ``pos_interp``.
 
         Args:
             pos: Position embedding of a checkpoint.
+            recorded: The checkpoint's ``pos_embed_grid`` record (its grid's rows and cols);
+                without it the grid must be square.
 
         Returns:
             The embedding on this model's grid.
         """
         before, after = self.pos_extra_rows
-        grid = self.patch_rows(pos)
-        patches = resample_pos_grid(grid, infer_square_grid(grid.shape[1]), self.pos_grid,
-                                    self.pos_interp)
+        patches = resample_pos_grid(self.patch_rows(pos), self.checkpoint_grid(pos, recorded),
+                                    self.pos_grid, self.pos_interp)
         return torch.cat([pos[:, :before], patches, pos[:, pos.shape[1] - after:]], dim=1)
 
-    def pos_embed_loads(self, pos: torch.Tensor) -> bool:
+    def pos_embed_loads(self, pos: torch.Tensor,
+                        recorded: Optional[torch.Tensor] = None) -> bool:
         """Whether a checkpoint ``pos_embed`` of another shape is a grid this model resamples:
-        (1, extra rows + s * s, embed_dims)."""
+        (1, extra rows + rows * cols, embed_dims), with (rows, cols) from ``recorded`` (the
+        checkpoint's ``pos_embed_grid``) or a square grid without it."""
         n = pos.shape[1] - sum(self.pos_extra_rows) if pos.ndim == 3 else 0
-        return (self.pos_embed is not None and pos.ndim == 3 and pos.shape[0] == 1
-                and pos.shape[-1] == self.embed_dims and n > 0 and int(n**0.5 + 0.5)**2 == n)
+        if not (self.pos_embed is not None and pos.ndim == 3 and pos.shape[0] == 1
+                and pos.shape[-1] == self.embed_dims and n > 0):
+            return False
+        if recorded is not None:
+            rows, cols = (int(v) for v in recorded.reshape(-1).tolist())
+            return rows * cols == n
+        return int(n**0.5 + 0.5)**2 == n
 
     # ------------------------------------------------------------------ training records
     def register_training_record(self, name: str, value: torch.Tensor) -> None:
@@ -237,7 +265,8 @@ class TokenBackbone(nn.Module):
             own = getattr(self, name)
             if recorded is not None and tuple(recorded.shape) != tuple(own.shape):
                 continue
-            if recorded is not None:
+            # Any position grid loads (resampled by _adapt_pos_embed_on_load).
+            if recorded is not None and name != POS_GRID_RECORD:
                 self.check_training_record(name, recorded)
             state_dict[key] = own.clone()
 
@@ -250,15 +279,21 @@ class TokenBackbone(nn.Module):
         if self.pos_embed is None or key not in state_dict:
             return
         ckpt = state_dict[key]
-        if (ckpt.shape == self.pos_embed.shape or ckpt.ndim != 3
+        recorded = state_dict.get(prefix + POS_GRID_RECORD)
+        if recorded is not None and tuple(recorded.shape) != (2, ):
+            recorded = None
+        same_grid = recorded is None or tuple(int(v) for v in recorded) == tuple(self.pos_grid)
+        if ((ckpt.shape == self.pos_embed.shape and same_grid) or ckpt.ndim != 3
                 or ckpt.shape[-1] != self.embed_dims):
             return
-        state_dict[key] = self._load_other_grid(ckpt)
+        state_dict[key] = self._load_other_grid(ckpt, recorded)
 
-    def _load_other_grid(self, pos: torch.Tensor) -> torch.Tensor:
-        """What ``load_state_dict`` loads for a checkpoint grid of another size: by default
-        the grid resampled to the model grid (the parameter is kept)."""
-        return self.resample_pos_embed(pos)
+    def _load_other_grid(self, pos: torch.Tensor,
+                         recorded: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """What ``load_state_dict`` loads for a checkpoint grid of another size (or shape:
+        ``recorded`` is the checkpoint's ``pos_embed_grid``): by default the grid resampled to
+        the model grid (the parameter is kept)."""
+        return self.resample_pos_embed(pos, recorded)
 
     def clear_pos_cache(self) -> None:
         """Forgets the resampled position grid kept for inference."""

@@ -23,6 +23,8 @@ import torch
 
 #: Bytes per name in :func:`encode_names` (zero-padded ASCII).
 NAME_BYTES = 32
+#: Record of a ViT's MLP activation (one encoded name).
+MLP_ACT_RECORD = 'mlp_act'
 
 
 class TrainingRecordMismatchError(ValueError):

@@ -23,15 +23,15 @@ import torch
 import torch.nn as nn
 
 from mmlinvit.layers.attention import ATTENTION_OPERATORS
-from mmlinvit.layers.pos_embed import sincos_pos_embed_2d
+from mmlinvit.layers.pos_embed import POS_GRID_RECORD, sincos_pos_embed_2d
 from mmlinvit.layers.patch_embed import PatchEmbed, patch_grid
 from mmlinvit.layers.transformer import TransformerBlock
 from .arch_zoo import VIT_SIZES, family_defaults
 from .base import TokenBackbone
 from .operator_setting import resolve_operator_setting
 from .outputs import check_out_type
-from .training_record import (TrainingRecordMismatchError, decode_names, describe_blocks,
-                              encode_names)
+from .training_record import (MLP_ACT_RECORD, TrainingRecordMismatchError, decode_names,
+                              describe_blocks, encode_names)
 
 
 class AttentionOperatorMismatchError(TrainingRecordMismatchError):
@@ -110,9 +110,21 @@ class VisionTransformer(TokenBackbone):
         'block_operators': 'record of the attention operator of each block (official '
                            'checkpoints and mmlinvit files from before the record have none): '
                            "the model's operators are recorded",
+        MLP_ACT_RECORD: 'record of the MLP activation (official checkpoints and mmlinvit files '
+                        'from before the record have none): the model\'s activation is '
+                        'recorded',
+        POS_GRID_RECORD: 'record of the (rows, cols) grid of pos_embed (official checkpoints '
+                         'and mmlinvit files from before the record have none; their grid is '
+                         "square): the model's grid is recorded",
     }
     BUILD_OPTIONS = 'family / arch / num_reg_tokens / with_mask_token / attn_cfg'
-    TRAINING_RECORDS = ('block_operators', )
+    #: Families whose published weights differ in MLP activation by source, which a
+    #: checkpoint does not say: OpenAI's CLIP releases (and open_clip's ``openai`` /
+    #: ``*-quickgelu`` models) use QuickGELU, open_clip's LAION-2B / DataComp models and timm's
+    #: ``vit_*_clip_224.laion2b*`` GELU.  A checkpoint without an activation record loads into
+    #: such a family only with ``act`` given explicitly.
+    ACT_AMBIGUOUS_FAMILIES = ('clip', )
+    TRAINING_RECORDS = ('block_operators', MLP_ACT_RECORD, POS_GRID_RECORD)
 
     def __init__(self,
                  arch: Union[str, dict] = 'b',
@@ -241,9 +253,12 @@ class VisionTransformer(TokenBackbone):
                 drop_path_rate=dpr[i]) for i in range(self.num_layers)
         ])
         self.attn_cfgs = attn_cfgs
+        self.act = pick(act, 'act')
+        self.act_source = 'explicit' if act is not None else f'family {family!r} default'
         # Saved with the weights, checked when loading (see check_training_record).
         self.register_training_record('block_operators', encode_names(
             [operator_name(cfg) for cfg in attn_cfgs]))
+        self.register_training_record(MLP_ACT_RECORD, encode_names([self.act]))
         self.norm = (nn.LayerNorm(self.embed_dims, eps=pick(norm_eps, 'norm_eps'))
                      if final_norm else nn.Identity())
 
@@ -262,15 +277,54 @@ class VisionTransformer(TokenBackbone):
             ATTENTION_OPERATORS.get(cfg if isinstance(cfg, str) else cfg['type'])
         return cfgs
 
+    def check_checkpoint_act(self, state_dict: Dict[str, torch.Tensor], source: str) -> None:
+        """Refuses a checkpoint whose MLP activation is unknown to a family that publishes
+        weights with either (:data:`ACT_AMBIGUOUS_FAMILIES`), unless ``act`` was given.
+
+        A checkpoint knows its activation when it records it (``mlp_act``: mmlinvit files,
+        and OpenAI CLIP TorchScript releases read through :mod:`mmlinvit.converters`) or is an
+        mmlinvit file from before the record (``block_operators``).
+
+        Args:
+            state_dict: The canonical state dict about to be loaded.
+            source: What the checkpoint is, for the message.
+
+        Raises:
+            TrainingRecordMismatchError: naming both activations and their sources.
+        """
+        if (self.family not in self.ACT_AMBIGUOUS_FAMILIES or self.act_source == 'explicit'
+                or MLP_ACT_RECORD in state_dict or 'block_operators' in state_dict):
+            return
+        raise TrainingRecordMismatchError(
+            f'{source}: the MLP activation of {self.family!r} weights is not stored in the '
+            f'checkpoint, and it differs by source: OpenAI\'s CLIP releases and open_clip\'s '
+            f'"openai" / "*-quickgelu" models use QuickGELU (act=\'quick_gelu\'), open_clip\'s '
+            f'LAION-2B / DataComp models and timm\'s vit_*_clip_224.laion2b* GELU '
+            f'(act=\'gelu\'; mmpretrain\'s converted CLIP classifiers: act=\'gelu\', '
+            f'norm_eps=1e-6). A wrong guess loads without error and computes other features, '
+            f'so give the backbone act= explicitly (config: the backbone\'s act; '
+            f'tools/linearize.py: --act). The OpenAI TorchScript release itself (ViT-B-16.pt) '
+            f'and files converted from it by tools/model_converters/convert_checkpoint.py '
+            f'record QuickGELU and need nothing.')
+
     def check_training_record(self, name: str, recorded: torch.Tensor) -> None:
         """Refuses a checkpoint whose blocks were trained with another attention operator
-        (``block_operators``).  Softmax-attention weights load into every operator: they are
-        what linearization starts from.
+        (``block_operators``) or another MLP activation (``mlp_act``).  Softmax-attention
+        weights load into every operator: they are what linearization starts from.
 
         Raises:
             AttentionOperatorMismatchError: naming the blocks, both operators and the
                 ``attn_cfg`` that loads the checkpoint.
+            TrainingRecordMismatchError: naming both activations.
         """
+        if name == MLP_ACT_RECORD:
+            theirs = decode_names(recorded)[0]
+            if theirs != self.act:
+                raise TrainingRecordMismatchError(
+                    f'The checkpoint\'s MLP was trained with act={theirs!r}, this model uses '
+                    f'act={self.act!r} ({self.act_source}): it would compute features the '
+                    f'weights were not trained for. Build the model with act={theirs!r}.')
+            return
         theirs = decode_names(recorded)
         ours = [operator_name(cfg) for cfg in self.attn_cfgs]
         clashes: Dict[Tuple[str, str], List[int]] = {}

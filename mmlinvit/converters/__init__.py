@@ -12,7 +12,8 @@ from .layouts import (BACKBONE_PREFIXES, CHECKPOINT_LAYOUTS, STUDENT_PREFIXES,
                       convert_openai_clip, convert_timm, detect_layout, layout_names,
                       select_backbone)
 from .loading import (CheckpointMismatchError, UntrustedCheckpointError, check_state_dict_fits,
-                      convert_state_dict, load_checkpoint_file, load_pretrained)
+                      convert_state_dict, load_checkpoint_file, load_pretrained,
+                      read_checkpoint)
 from .report import ConversionReport
 
 __all__ = [
@@ -20,5 +21,5 @@ __all__ = [
     'STUDENT_PREFIXES', 'UntrustedCheckpointError', 'check_state_dict_fits',
     'convert_adventurer', 'convert_dinov2', 'convert_mmpretrain', 'convert_openai_clip',
     'convert_state_dict', 'convert_timm', 'detect_layout', 'layout_names',
-    'load_checkpoint_file', 'load_pretrained', 'select_backbone'
+    'load_checkpoint_file', 'load_pretrained', 'read_checkpoint', 'select_backbone'
 ]

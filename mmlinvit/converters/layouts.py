@@ -22,6 +22,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 import torch
 
 from mmlinvit.utils import NameRegistry
+from mmlinvit.layers.pos_embed import POS_GRID_RECORD
 from .report import ConversionReport
 
 StateDict = Dict[str, torch.Tensor]
@@ -41,6 +42,12 @@ CHECKPOINT_LAYOUTS = NameRegistry('checkpoint layout')
 BACKBONE_PREFIXES = ('teacher.backbone.', 'student.backbone.', 'backbone.', 'student.')
 #: The prefixes of :data:`BACKBONE_PREFIXES` that hold a distillation student.
 STUDENT_PREFIXES = tuple(p for p in BACKBONE_PREFIXES if p.startswith('student.'))
+#: Keys of the HuggingFace transformers ViT / DINOv2 / CLIP vision models
+#: (``embeddings.patch_embeddings.projection``, ``encoder.layer.N.attention.attention.query``,
+#: CLIP's ``embeddings.patch_embedding`` and ``encoder.layers.N.self_attn``).
+HF_TRANSFORMERS_KEY = re.compile(
+    r'(^|\.)(embeddings\.patch_embeddings?\.|encoder\.layers?\.\d+\.(attention\.attention|'
+    r'self_attn)\.)')
 #: Keys only Adventurer blocks have (Mamba-2 mixer, SwiGLU norm).
 ADVENTURER_BLOCK_KEY = re.compile(r'^layers\.\d+\.(mixer|norm_mlp)\.')
 
@@ -120,7 +127,16 @@ def detect_layout(state_dict: Mapping[str, torch.Tensor]) -> str:
         ValueError: when no layout matches; the message shows some of the keys.
     """
     keys = list(state_dict)
-    if any(k.endswith('class_embedding') or 'transformer.resblocks.' in k for k in keys):
+    hf = next((k for k in keys if HF_TRANSFORMERS_KEY.search(k)), None)
+    if hf is not None:
+        raise ValueError(
+            f'The checkpoint is in the HuggingFace transformers layout (e.g. {hf!r}), which '
+            f'mmlinvit does not convert (its layouts: {CHECKPOINT_LAYOUTS.names}). Use the '
+            f'original release of the same weights: the DINOv2 hub files '
+            f'(dinov2_vitb14_pretrain.pth ...), the OpenAI CLIP / open_clip files, or the timm '
+            f'files (vit_*.safetensors from timm\'s hub repositories).')
+    if any(re.search(r'(^|\.)class_embedding$', k) for k in keys) or any(
+            'transformer.resblocks.' in k for k in keys):
         return 'openai_clip'
     if 'norm_f.weight' in state_dict or any(ADVENTURER_BLOCK_KEY.match(k) for k in keys):
         return 'adventurer'
@@ -187,6 +203,14 @@ def _fix_timm_pos_embed(out: StateDict, report: ConversionReport,
     has_cls = 'cls_token' in out
     num_reg = out['reg_token'].shape[1] if 'reg_token' in out else 0
     length = pos.shape[1]
+    recorded = out.get(POS_GRID_RECORD)  # mmlinvit files: the grid's (rows, cols)
+    if recorded is not None and tuple(recorded.shape) == (2, ):
+        count = int(recorded[0]) * int(recorded[1])
+
+        def fits(n: int) -> bool:
+            return n == count
+    else:
+        fits = _is_square
     # Candidate readings of the pos_embed rows, by how many prefix rows precede the grid.
     readings = {
         'no_embed_class': 0,  # timm no_embed_class=True: grid only
@@ -196,14 +220,17 @@ def _fix_timm_pos_embed(out: StateDict, report: ConversionReport,
     if no_embed_class is True:
         names = ['no_embed_class']
     elif no_embed_class is False:
-        names = [n for n in ('all_prefix', 'canonical') if _is_square(length - readings[n])][:1]
+        names = [n for n in ('all_prefix', 'canonical') if fits(length - readings[n])][:1]
     else:
-        names = [n for n, rows in readings.items() if _is_square(length - rows)]
-    grids = {math.isqrt(length - readings[n]) for n in names}
+        names = [n for n, rows in readings.items() if fits(length - rows)]
+    grids = {length - readings[n] for n in names}
     if not names:
-        raise ValueError(f'pos_embed has {length} rows, which is no square grid after '
-                         f'{sorted(set(readings.values()))} prefix rows (class token: '
-                         f'{has_cls}, register tokens: {num_reg})')
+        raise ValueError(
+            f'pos_embed has {length} rows, which is no square grid after '
+            f'{sorted(set(readings.values()))} prefix rows (class token: {has_cls}, register '
+            f'tokens: {num_reg}). A grid learned at a non-square image size needs its shape '
+            f'recorded ({POS_GRID_RECORD}, written by mmlinvit); a DeiT distilled checkpoint has '
+            f'a second prefix token (dist_token), which no layout reads')
     if len(grids) > 1:
         raise ValueError(f'pos_embed with {length} rows is ambiguous for {num_reg} register '
                          f'tokens (readings {names}); pass no_embed_class=True or False')
@@ -222,6 +249,11 @@ def _fix_timm_pos_embed(out: StateDict, report: ConversionReport,
     out['reg_token'] = out['reg_token'] + pos[:, start:start + num_reg].to(out['reg_token'])
     out['pos_embed'] = torch.cat([pos[:, :start], pos[:, start + num_reg:]], dim=1)
     report.notes.append(f'folded {num_reg} register positions into reg_token')
+
+
+_DIST_TOKEN_NOTE = ('DeiT distilled checkpoint: its distillation token (dist_token) is read '
+                    'as one register token (the same computation): build with '
+                    'num_reg_tokens=1')
 
 
 @CHECKPOINT_LAYOUTS.register_module('timm')
@@ -246,8 +278,14 @@ def convert_timm(state_dict: Mapping[str, torch.Tensor],
     is_mae_pretrain = any(k.startswith('decoder_') for k in state_dict)
     out: StateDict = {}
     for key, value in state_dict.items():
-        if key.startswith(('head.', 'head_drop.', 'pre_logits.')):
+        if key.startswith(('head.', 'head_dist.', 'head_drop.', 'pre_logits.')):
             report.drop(key, 'classification head (not part of the backbone)')
+            continue
+        if key == 'dist_token' and 'reg_token' not in state_dict:
+            # DeiT distilled: [cls, dist, patches] with a position for each, which is a model
+            # with one register token whose position is folded in (_fix_timm_pos_embed).
+            _rename(out, report, key, 'reg_token', value)
+            report.notes.append(_DIST_TOKEN_NOTE)
             continue
         if key.startswith('fc_norm.'):
             report.drop(key, 'pooled-feature norm of the head (backbone features are '
@@ -371,6 +409,10 @@ def convert_mmpretrain(state_dict: Mapping[str, torch.Tensor]) -> ConversionResu
                         "features)")
             continue
         new = key
+        if key == 'dist_token' and 'reg_token' not in state_dict:
+            _rename(out, report, key, 'reg_token', value)
+            report.notes.append(_DIST_TOKEN_NOTE)
+            continue
         if key.startswith('patch_embed.projection.'):
             new = 'patch_embed.proj.' + key[len('patch_embed.projection.'):]
         elif key.startswith('ln1.'):
@@ -381,6 +423,9 @@ def convert_mmpretrain(state_dict: Mapping[str, torch.Tensor]) -> ConversionResu
                 rest = _first_swap(match.group(2), _MMPRETRAIN_BLOCK_SWAPS)
                 new = f'blocks.{match.group(1)}.{rest}'
         _rename(out, report, key, new, value)
+    # mmpretrain's DeiT3 has no class position (timm's no_embed_class), its DeiT distilled
+    # one per prefix token.
+    _fix_timm_pos_embed(out, report, None)
     return out, report
 
 

@@ -12,7 +12,8 @@ import torch
 import torch.nn as nn
 
 from mmlinvit.backbones.base import TokenBackbone
-from mmlinvit.layers.pos_embed import infer_square_grid
+from mmlinvit.backbones.training_record import MLP_ACT_RECORD, encode_names
+from mmlinvit.layers.pos_embed import POS_GRID_RECORD
 from .checkpoint_file import ZIP_MAGIC, CheckpointFileError, checkpoint_file_problem
 from .layouts import (ADVENTURER_BLOCK_KEY, CHECKPOINT_LAYOUTS, ConversionResult, StateDict,
                       detect_layout, select_backbone)
@@ -303,14 +304,17 @@ def check_state_dict_fits(model: nn.Module,
             continue
         own = expected[key]
         if (key == 'pos_embed' and isinstance(model, TokenBackbone)
-                and model.pos_embed_loads(value)):
+                and model.pos_embed_loads(value, _grid_record(state_dict))):
             continue
         if tuple(value.shape) != tuple(own.shape):
             mismatched.append(f'{key}: checkpoint {tuple(value.shape)} vs model '
                               f'{tuple(own.shape)}')
     allowed = initialisable_missing_keys(missing, state_dict, _optional_keys(model))
     hard_missing = [k for k in missing if k not in allowed]
-    if not mismatched and (not strict or not (hard_missing or unexpected)):
+    optional = set(_optional_keys(model))
+    # Nothing of the model in the file: strict=False would load nothing without an error.
+    no_overlap = not any(k in state_dict for k in expected if k not in optional)
+    if not mismatched and not no_overlap and (not strict or not (hard_missing or unexpected)):
         return missing, unexpected
     described = ', '.join(f'{name}={getattr(model, name)!r}'
                           for name in ('family', 'arch', 'embed_dims', 'num_layers')
@@ -337,13 +341,28 @@ def check_state_dict_fits(model: nn.Module,
                      f're-initialised. Build the model with the checkpoint\'s attn_cfg '
                      f'(operator and its options), or load with strict=False to initialise '
                      f'them.')
+    if strict and ('norm.weight' in hard_missing and 'norm.weight' in expected
+                   and 'blocks.0.norm1.weight' in state_dict):
+        lines.append('  the checkpoint has no final norm: a global-pool fine-tuned release '
+                     '(e.g. MAE fine-tuned, whose fc_norm belongs to its head) is loaded with '
+                     'final_norm=False')
     if strict and unexpected:
         lines.append(f'unexpected keys ({len(unexpected)}): '
                      f'{", ".join(summarise_keys(unexpected))}')
+    reg = state_dict.get('reg_token')
+    if reg is not None and reg.ndim == 3 and getattr(model, 'num_reg_tokens', None) == 0:
+        lines.append(f'  the checkpoint has {reg.shape[1]} register token(s) (DINOv2 *_reg; a '
+                     f'DeiT distilled checkpoint\'s dist_token is read as one): build the model '
+                     f'with num_reg_tokens={reg.shape[1]}')
     lines.append(f'the checkpoint looks like: {_checkpoint_summary(state_dict)}')
     options = model.BUILD_OPTIONS if isinstance(model, TokenBackbone) else 'arch'
-    lines.append(f'fix: build the model with the matching {options}, pick the right layout=, '
-                 f'or load with strict=False to skip missing and unexpected keys')
+    if no_overlap:
+        lines.append(f'no tensor of the checkpoint has a place in the model (strict=False '
+                     f'would load nothing): it is another model or a layout read wrongly; '
+                     f'build the model with the matching {options} or pick the right layout=')
+    else:
+        lines.append(f'fix: build the model with the matching {options}, pick the right '
+                     f'layout=, or load with strict=False to skip missing and unexpected keys')
     raise CheckpointMismatchError('\n'.join(lines))
 
 
@@ -357,19 +376,64 @@ def _pos_interp_note(model: nn.Module) -> str:
             f'{getattr(model, "pos_grid", "?")})')
 
 
+def _grid_record(state_dict: Mapping[str, torch.Tensor]) -> Optional[torch.Tensor]:
+    """A canonical state dict's ``pos_embed_grid`` record, if it has a well-formed one."""
+    recorded = state_dict.get(POS_GRID_RECORD)
+    return recorded if recorded is not None and tuple(recorded.shape) == (2, ) else None
+
+
 def _fit_pos_grid(model: nn.Module, state_dict: Dict[str, torch.Tensor],
                   report: ConversionReport) -> None:
     """Resamples a checkpoint position grid of another size to a backbone's grid, in place of
     the parameter (which is kept: runners build the optimizer before loading)."""
     pos = state_dict.get('pos_embed')
-    if (not isinstance(model, TokenBackbone) or pos is None or model.pos_embed is None
-            or pos.shape == model.pos_embed.shape):
+    if not isinstance(model, TokenBackbone) or pos is None or model.pos_embed is None:
         return
-    src = infer_square_grid(model.patch_rows(pos).shape[1])
-    state_dict['pos_embed'] = model.resample_pos_embed(pos)
+    recorded = _grid_record(state_dict)
+    if pos.shape == model.pos_embed.shape and (
+            recorded is None or tuple(int(v) for v in recorded) == tuple(model.pos_grid)):
+        return
+    src = model.checkpoint_grid(pos, recorded)
+    state_dict['pos_embed'] = model.resample_pos_embed(pos, recorded)
+    if recorded is not None:  # the grid it describes is gone: the model's own is loaded
+        state_dict[POS_GRID_RECORD] = torch.tensor(tuple(model.pos_grid), dtype=torch.long)
     dst = model.pos_grid
     report.notes.append(f'pos_embed resampled ({model.pos_interp}) from a {src[0]}x{src[1]} '
                         f'grid to the model grid {dst[0]}x{dst[1]}')
+
+
+def read_checkpoint(checkpoint: Union[str, Mapping[str, Any]],
+                    layout: str = 'auto',
+                    trust_checkpoint: bool = False,
+                    **options: Any) -> Tuple[StateDict, ConversionReport, str]:
+    """Reads a checkpoint file (or takes a dict) and converts it to the canonical layout.
+
+    An OpenAI CLIP TorchScript release (the only source of TorchScript CLIP archives) gets
+    the record of its MLP activation, QuickGELU (``mlp_act``), which its weights do not say.
+
+    Args:
+        checkpoint: Checkpoint file path or an in-memory (possibly wrapped) state dict.
+        layout: Source layout, ``'auto'`` to detect it.
+        trust_checkpoint: Allow a full unpickle of files that need it (see
+            :func:`load_checkpoint_file`).
+        **options: Layout converter options (see :func:`convert_state_dict`).
+
+    Returns:
+        ``(canonical state dict, conversion report, description of the source)``.
+    """
+    if isinstance(checkpoint, str):
+        source = repr(checkpoint)
+        raw = load_checkpoint_file(checkpoint, trust_checkpoint=trust_checkpoint)
+    else:
+        source = 'the checkpoint dict'
+        raw = checkpoint
+    converted, report = convert_state_dict(raw, layout=layout, **options)
+    if (isinstance(checkpoint, str) and report.source_layout == 'openai_clip'
+            and MLP_ACT_RECORD not in converted and is_torchscript_archive(checkpoint)):
+        converted[MLP_ACT_RECORD] = encode_names(['quick_gelu'])
+        report.notes.append("OpenAI CLIP TorchScript release: its MLP activation (QuickGELU) "
+                            "recorded as mlp_act")
+    return converted, report, source
 
 
 def load_pretrained(model: nn.Module,
@@ -405,13 +469,11 @@ def load_pretrained(model: nn.Module,
         ``mmlinvit.converters.loading``) at INFO; parameters that keep their init and ignored
         tensors are logged at WARNING, so they show at default verbosity.
     """
-    if isinstance(checkpoint, str):
-        source = repr(checkpoint)
-        raw = load_checkpoint_file(checkpoint, trust_checkpoint=trust_checkpoint)
-    else:
-        source = 'the checkpoint dict'
-        raw = checkpoint
-    converted, report = convert_state_dict(raw, layout=layout, **options)
+    converted, report, source = read_checkpoint(checkpoint, layout=layout,
+                                                trust_checkpoint=trust_checkpoint, **options)
+    check_act = getattr(model, 'check_checkpoint_act', None)
+    if check_act is not None:
+        check_act(converted, f'{source} (read as layout {report.source_layout!r})')
     if isinstance(model, TokenBackbone):
         for key, reason in model.surplus_checkpoint_keys().items():
             if key in converted:

@@ -1,6 +1,6 @@
 """Position embeddings: family-specific resampling of learned grids and 2-D sin-cos."""
 import math
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -81,9 +81,42 @@ def sincos_pos_embed_2d(hw_shape: Tuple[int, int], dims: int, temperature: float
     return emb.unsqueeze(0).to(dtype)
 
 
-def infer_square_grid(num_patches: int) -> Tuple[int, int]:
-    """(s, s) for a square number of patches; raises a clear error otherwise."""
+#: Name of the training record (a (2,) int64 buffer of the backbones) that keeps the (rows,
+#: cols) grid of a checkpoint's learned ``pos_embed``: the row count alone does not say it once
+#: models are trained at non-square sizes (a 16 x 64 grid has the 32 x 32 grid's 1024 rows).
+POS_GRID_RECORD = 'pos_embed_grid'
+
+
+def checkpoint_pos_grid(num_patches: int,
+                        recorded: Optional[torch.Tensor] = None) -> Tuple[int, int]:
+    """The (rows, cols) grid of the ``num_patches`` patch rows of a checkpoint ``pos_embed``.
+
+    Args:
+        num_patches: Number of patch positions (class / register rows excluded).
+        recorded: The checkpoint's :data:`POS_GRID_RECORD` entry, if it has one (mmlinvit
+            files); without it the grid must be square (official releases are).
+
+    Returns:
+        ``(rows, cols)``.
+
+    Raises:
+        ValueError: naming the cause and the fix, when the record disagrees with the row
+            count or a grid without record is not square.
+    """
+    if recorded is not None:
+        rows, cols = (int(v) for v in recorded.reshape(-1).tolist())
+        if rows * cols != num_patches:
+            raise ValueError(f'The checkpoint records a {rows}x{cols} position grid '
+                             f'({POS_GRID_RECORD}) but its pos_embed has {num_patches} patch '
+                             f'positions: the file is inconsistent (edited by hand?)')
+        return rows, cols
     side = int(math.isqrt(num_patches))
     if side * side != num_patches:
-        raise ValueError(f'Cannot infer a square grid from {num_patches} position embeddings')
+        raise ValueError(
+            f'A checkpoint pos_embed with {num_patches} patch positions is no square grid, and '
+            f'the checkpoint has no {POS_GRID_RECORD} record saying its shape (files of other '
+            f'code, or of mmlinvit before the record): it was learned at a non-square image '
+            f'size, which cannot be read off the row count. Build the model with that img_size '
+            f'(e.g. img_size=(512, 1024) for a 32x64 grid at patch 16), or add the record to '
+            f'the state dict: state_dict[{POS_GRID_RECORD!r}] = torch.tensor([rows, cols]).')
     return side, side

@@ -20,7 +20,8 @@ import torch.nn as nn
 
 from mmlinvit.backbones import VisionTransformer
 from mmlinvit.backbones.vit import operator_name as block_operator_name
-from mmlinvit.layers.pos_embed import infer_square_grid, resample_pos_grid
+from mmlinvit.backbones.training_record import MLP_ACT_RECORD, decode_names
+from mmlinvit.layers.pos_embed import POS_GRID_RECORD, checkpoint_pos_grid, resample_pos_grid
 from mmlinvit.utils import NameRegistry
 
 #: Registered weight-transfer strategies (snake_case names and the papers' CamelCase aliases).
@@ -244,9 +245,37 @@ def check_compatible(student: VisionTransformer, teacher: TeacherLike) -> None:
             'needs the same width, depth and heads; build the student with the teacher arch.')
 
 
+def _check_same_act(student: VisionTransformer, teacher: TeacherLike) -> None:
+    """Refuses a teacher whose MLP activation is known and is not the student's: its MLP
+    weights would be copied into a student that computes another function with them."""
+    if isinstance(teacher, VisionTransformer):
+        theirs, where = teacher.act, f'the teacher backbone ({teacher.act_source})'
+    elif isinstance(teacher, Mapping) and isinstance(teacher.get(MLP_ACT_RECORD), torch.Tensor):
+        theirs, where = decode_names(teacher[MLP_ACT_RECORD])[0], 'the teacher state dict record'
+    else:
+        return
+    if theirs != student.act:
+        raise ValueError(f'The teacher\'s MLP uses act={theirs!r} ({where}), the student '
+                         f'act={student.act!r} ({student.act_source}): copied MLP weights '
+                         f'would compute another function. Build the student with '
+                         f'act={theirs!r}.')
+
+
+def _teacher_grid_record(teacher: TeacherLike) -> Optional[torch.Tensor]:
+    """The (rows, cols) of the teacher's position grid when it is known: a backbone's own
+    grid, a state dict's ``pos_embed_grid`` record (mmlinvit files); ``None`` otherwise."""
+    if isinstance(teacher, VisionTransformer):
+        return torch.tensor(tuple(teacher.pos_grid))
+    recorded = teacher.get(POS_GRID_RECORD) if isinstance(teacher, Mapping) else None
+    return recorded if isinstance(recorded, torch.Tensor) and recorded.numel() == 2 else None
+
+
 def _adapt_pos_embed(teacher_pos: torch.Tensor, teacher_has_cls: bool,
-                     student: VisionTransformer) -> Tuple[Optional[torch.Tensor], str]:
-    """Teacher ``pos_embed`` reshaped for the student (or ``None``), and what was done."""
+                     student: VisionTransformer,
+                     teacher_grid: Optional[torch.Tensor] = None
+                     ) -> Tuple[Optional[torch.Tensor], str]:
+    """Teacher ``pos_embed`` reshaped for the student (or ``None``), and what was done;
+    ``teacher_grid`` is the teacher grid's (rows, cols) when known (else it must be square)."""
     if student.pos_embed is None or teacher_pos.ndim != 3:
         return None, ''
     if teacher_pos.shape[-1] != student.embed_dims:
@@ -258,7 +287,7 @@ def _adapt_pos_embed(teacher_pos: torch.Tensor, teacher_has_cls: bool,
     notes = []
     if teacher_has_cls and not student.with_cls_token:
         notes.append('class position dropped')
-    src = infer_square_grid(patch.shape[1])
+    src = checkpoint_pos_grid(patch.shape[1], teacher_grid)
     dst = tuple(student.pos_grid)
     if src != dst:
         patch = resample_pos_grid(patch, src, dst, student.pos_interp)
@@ -284,6 +313,7 @@ def pair_state_dicts(student: VisionTransformer, teacher: TeacherLike
         ValueError: If width / depth differ, or a shared key has incompatible shapes.
     """
     check_compatible(student, teacher)
+    _check_same_act(student, teacher)
     state, teacher_has_cls = _teacher_state(teacher)
     student_state = student_weights(student)
     counterparts: Dict[str, torch.Tensor] = {}
@@ -295,11 +325,14 @@ def pair_state_dicts(student: VisionTransformer, teacher: TeacherLike
             no_counterpart.add(key)
             continue
         target_shape = student_state[key].shape
-        if value.shape == target_shape:
+        teacher_grid = _teacher_grid_record(teacher) if key == 'pos_embed' else None
+        if value.shape == target_shape and (
+                teacher_grid is None
+                or tuple(int(v) for v in teacher_grid) == tuple(student.pos_grid)):
             counterparts[key] = value
             continue
         if key == 'pos_embed':
-            pos, note = _adapt_pos_embed(value, teacher_has_cls, student)
+            pos, note = _adapt_pos_embed(value, teacher_has_cls, student, teacher_grid)
             if pos is not None and pos.shape == target_shape:
                 counterparts[key] = pos
                 adapted[key] = note

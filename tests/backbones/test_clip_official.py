@@ -23,6 +23,7 @@ import torch
 from mmengine.config import Config
 
 from mmlinvit.backbones import VisionTransformer
+from mmlinvit.backbones.training_record import TrainingRecordMismatchError
 from mmlinvit.converters import convert_state_dict, load_pretrained
 from mmlinvit.distill import build_recorder
 from mmlinvit.layers.transformer import QuickGELU
@@ -65,9 +66,12 @@ def batch() -> torch.Tensor:
 
 
 def build(golden: dict, checkpoint: str, **kwargs) -> VisionTransformer:
-    """mmlinvit's model: family 'clip' defaults, the golden model's architecture only."""
+    """mmlinvit's model: family 'clip' defaults, the golden model's architecture only, and
+    the activation: a plain state dict does not say it (OpenAI's TorchScript release does,
+    see tests/converters/test_clip_torchscript.py)."""
     arch = golden['mmlinvit_kwargs']
     assert set(arch) == {'arch', 'img_size'}  # no family option is passed
+    kwargs.setdefault('act', 'quick_gelu')
     model = VisionTransformer(family='clip', pretrained=checkpoint, **arch, **kwargs)
     model.init_weights()
     return model.eval()
@@ -161,7 +165,7 @@ def test_kept_projection_gives_the_official_image_embedding(golden, checkpoint, 
                                                             outputs):
     """The backbone's features are pre-projection; ``keep_projection=True`` sets ``proj``
     aside, and the class-token output times it is the official ``encode_image``."""
-    model = VisionTransformer(family='clip', **golden['mmlinvit_kwargs']).eval()
+    model = VisionTransformer(family='clip', act='quick_gelu', **golden['mmlinvit_kwargs']).eval()
     report = load_pretrained(model, checkpoint, keep_projection=True)
     proj = report.extras['proj']
     assert torch.equal(proj, golden['state_dict']['visual.proj'])
@@ -180,7 +184,7 @@ def test_linearizer_teacher_records_match_official(golden, checkpoint, batch, ou
     cfg = linearizer_config(LINEARIZER_CONFIGS[0]).model
     teacher = dict(cfg.teacher)
     assert teacher.pop('type') == 'mmlinvit.VisionTransformer' and teacher['family'] == 'clip'
-    teacher.update(golden['mmlinvit_kwargs'], pretrained=checkpoint)
+    teacher.update(golden['mmlinvit_kwargs'], pretrained=checkpoint, act='quick_gelu')
     model = VisionTransformer(**teacher)
     model.init_weights()
     model.eval()
@@ -241,3 +245,17 @@ def test_gelu_instead_of_quick_gelu_is_far_off(golden, checkpoint, batch, output
     with torch.no_grad():
         tokens = model.forward_tokens(batch)[0]
     assert max_error(tokens, outputs['tokens_ln_post']) > 1e-2
+
+
+def test_plain_state_dict_needs_the_activation(golden, checkpoint):
+    """A plain CLIP state dict does not say its activation (OpenAI: QuickGELU; open_clip
+    LAION-2B / DataComp: GELU): family 'clip' refuses it until act= is given."""
+    model = VisionTransformer(family='clip', pretrained=checkpoint, **golden['mmlinvit_kwargs'])
+    with pytest.raises(TrainingRecordMismatchError, match="act='gelu'") as info:
+        model.init_weights()
+    assert "act='quick_gelu'" in str(info.value) and not model.weights_loaded
+    # mmlinvit files record it: a GELU-trained file is refused by a QuickGELU model
+    trained = build(golden, checkpoint, act='gelu')
+    with pytest.raises(TrainingRecordMismatchError, match="act='gelu'"):
+        VisionTransformer(family='clip', **golden['mmlinvit_kwargs']).load_state_dict(
+            trained.state_dict())

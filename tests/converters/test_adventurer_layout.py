@@ -76,7 +76,7 @@ def test_released_checkpoint_is_detected_and_loads(tmp_path):
     model = tiny(with_mask_token=False, pretrained=path)
     model.init_weights()
     # the model adds its flip record, which the public code's files lack
-    assert set(model.state_dict()) == set(converted) | {'flipped_blocks'}
+    assert set(model.state_dict()) == set(converted) | {'flipped_blocks', 'pos_embed_grid'}
     assert 'flipped_blocks' in model.load_report.initialised
     for key, value in converted.items():
         assert torch.equal(model.state_dict()[key], official[key]), key

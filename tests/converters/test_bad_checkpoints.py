@@ -273,7 +273,7 @@ def test_mmpretrain_round_trip(variant, tmp_path):
         ref = MMPretrainViT(arch=arch, img_size=64, patch_size=16, out_type='raw',
                             pre_norm=True, norm_cfg=dict(type='LN', eps=1e-5),
                             layer_cfgs=dict(act_cfg=dict(type='mmpretrain.QuickGELU')))
-        ours_kwargs = dict(family='clip')
+        ours_kwargs = dict(family='clip', act='quick_gelu')  # the file does not say it
     randomise_(ref)
     ref.eval()
     path = str(tmp_path / 'mmpretrain.pth')

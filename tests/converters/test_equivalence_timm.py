@@ -152,7 +152,17 @@ CASES = {
               dict(arch=two_layer_arch(), img_size=64), (96, 48)),
     'clip_openai': ('vit_base_patch16_clip_quickgelu_224',
                     dict(img_size=64, depth=2, embed_dim=192, num_heads=3), timm_to_openai_clip,
-                    'openai_clip', 'clip', dict(arch=two_layer_arch(192, 3, 768), img_size=64), (48, 96)),
+                    'openai_clip', 'clip', dict(arch=two_layer_arch(192, 3, 768), img_size=64,
+                                                   act='quick_gelu'), (48, 96)),
+    # open_clip LAION-2B / DataComp weights (timm vit_*_clip_224.laion2b*): GELU, given as act
+    'clip_gelu': ('vit_base_patch16_clip_224',
+                  dict(img_size=64, depth=2, embed_dim=192, num_heads=3), timm_to_openai_clip,
+                  'openai_clip', 'clip', dict(arch=two_layer_arch(192, 3, 768), img_size=64,
+                                              act='gelu'), (48, 96)),
+    # DeiT distilled: the distillation token is read as one register token
+    'deit_distilled': ('deit_small_distilled_patch16_224', dict(img_size=64, depth=2),
+                       timm_layout_as_is, 'timm', 'deit',
+                       dict(arch=two_layer_arch(), img_size=64, num_reg_tokens=1), (96, 48)),
     'mae': ('vit_base_patch16_224.mae', dict(img_size=64, depth=2, embed_dim=192, num_heads=3),
             timm_with_mae_decoder, 'timm', 'mae', dict(arch=two_layer_arch(192, 3, 768), img_size=64),
             (96, 48)),

@@ -183,9 +183,12 @@ def test_upernet_configs_load_the_distilled_student(distilled, rel, tmp_path):
     exported = torch.load(distilled['exported'], weights_only=True)
     assert set(snapshot.state) == set(exported) - {'mask_token'}
     for key, value in snapshot.state.items():
-        if key != 'pos_embed':
+        if key not in ('pos_embed', 'pos_embed_grid'):
             assert torch.equal(value, exported[key]), key
     backbone = runner.model.backbone
+    # the grid record says the model's grid, not the file's
+    assert exported['pos_embed_grid'].tolist() == [IMG_SIZE // PATCH] * 2
+    assert snapshot.state['pos_embed_grid'].tolist() == list(backbone.pos_grid)
     report = backbone.load_report
     assert report.prefix == '' and 'mask_token' in report.dropped
     # the distilled 8 x 8 position grid was resampled to the model's grid, in place: the

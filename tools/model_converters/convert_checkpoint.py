@@ -24,8 +24,7 @@ from typing import List, Optional
 
 import torch
 
-from mmlinvit.converters import (UntrustedCheckpointError, convert_state_dict, layout_names,
-                                 load_checkpoint_file)
+from mmlinvit.converters import UntrustedCheckpointError, layout_names, read_checkpoint
 from mmlinvit.utils.cli import add_trust_checkpoint_argument, checkpoint_io_parser
 
 
@@ -53,8 +52,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.no_embed_class is not None:
         options['no_embed_class'] = args.no_embed_class == 'true'
     try:
-        raw = load_checkpoint_file(args.src, trust_checkpoint=args.trust_checkpoint)
-        state_dict, report = convert_state_dict(raw, layout=args.layout, **options)
+        state_dict, report, _ = read_checkpoint(args.src, layout=args.layout,
+                                                trust_checkpoint=args.trust_checkpoint,
+                                                **options)
     except (OSError, UntrustedCheckpointError, KeyError, TypeError, ValueError) as err:
         print(f'error: {err}', file=sys.stderr)
         return 1

@@ -28,6 +28,8 @@ model = dict(
     teacher=dict(
         type='mmlinvit.VisionTransformer',
         arch='b',
+        # act: QuickGELU, which the converted OpenAI file records (mlp_act). Another CLIP
+        # file (open_clip LAION-2B / DataComp: GELU) is refused until act= is given here.
         family='clip',
         img_size=224,
         attn_cfg='softmax',

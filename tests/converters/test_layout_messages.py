@@ -1,0 +1,85 @@
+"""Released files that no layout reads, or that need one build option, are refused with the
+cause and the fix; mmpretrain's DeiT-III (no class position) loads."""
+import pytest
+import torch
+
+from mmlinvit.backbones import VisionTransformer
+from mmlinvit.converters import (CheckpointMismatchError, convert_state_dict, detect_layout,
+                                 load_pretrained)
+
+ARCH = dict(embed_dims=32, num_layers=2, num_heads=2, mlp_hidden_dims=64)
+
+#: First keys of HuggingFace transformers vision models (transformers 4 and 5 names).
+HF_KEYS = {
+    'dinov2': ['embeddings.cls_token', 'embeddings.mask_token', 'embeddings.position_embeddings',
+               'embeddings.patch_embeddings.projection.weight',
+               'encoder.layer.0.norm1.weight', 'encoder.layer.0.attention.q_proj.weight'],
+    'dinov2_v4': ['embeddings.cls_token', 'embeddings.patch_embeddings.projection.weight',
+                  'encoder.layer.0.attention.attention.query.weight'],
+    'clip': ['vision_model.embeddings.class_embedding',
+             'vision_model.embeddings.patch_embedding.weight',
+             'vision_model.pre_layrnorm.weight',
+             'vision_model.encoder.layers.0.self_attn.k_proj.weight'],
+    'vit': ['embeddings.cls_token', 'embeddings.position_embeddings',
+            'embeddings.patch_embeddings.projection.weight', 'layers.0.attention.q_proj.weight'],
+}
+
+
+def vit(**kwargs) -> VisionTransformer:
+    return VisionTransformer(arch=ARCH, img_size=32, patch_size=8, **kwargs)
+
+
+@pytest.mark.parametrize('name', sorted(HF_KEYS))
+def test_huggingface_transformers_files_are_named(name):
+    state = {key: torch.zeros(2) for key in HF_KEYS[name]}
+    with pytest.raises(ValueError, match='HuggingFace transformers layout') as info:
+        detect_layout(state)
+    assert 'timm' in str(info.value)  # where the same weights come from instead
+
+
+def test_a_file_that_loads_nothing_is_refused_even_non_strict():
+    """strict=False skips missing / unexpected keys; a file with none of the model's keys
+    (another model, a layout read wrongly) must not load 'successfully' with 0 tensors."""
+    model = vit()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    foreign = {'model.encoder.weight': torch.zeros(4, 4)}
+    with pytest.raises(CheckpointMismatchError, match='no tensor of the checkpoint') as info:
+        load_pretrained(model, foreign, layout='timm', strict=False)
+    assert 'strict=False to skip' not in str(info.value)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_final_norm_and_register_hints():
+    source = vit(family='mae').state_dict()
+    fine_tuned = {k: v for k, v in source.items() if not k.startswith('norm.')}
+    fine_tuned.update({'fc_norm.weight': torch.ones(32), 'fc_norm.bias': torch.zeros(32)})
+    with pytest.raises(CheckpointMismatchError, match='final_norm=False'):
+        load_pretrained(vit(family='mae'), fine_tuned)
+    report = load_pretrained(vit(family='mae', final_norm=False), fine_tuned)
+    assert 'fc_norm.weight' in report.dropped
+
+    with_registers = vit(family='dinov2', num_reg_tokens=4).state_dict()
+    with pytest.raises(CheckpointMismatchError, match='num_reg_tokens=4'):
+        load_pretrained(vit(family='dinov2'), with_registers)
+
+
+def test_mmpretrain_deit3_without_class_position_loads():
+    """mmpretrain's DeiT3 keeps no class position (timm's no_embed_class): a zero class row
+    is prepended, as for timm / official DeiT-III files."""
+    from mmpretrain.models.backbones import DeiT3
+
+    ref = DeiT3(arch=dict(embed_dims=32, num_layers=2, num_heads=2, feedforward_channels=64),
+                img_size=32, patch_size=8, out_type='raw')
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
+    state = {f'backbone.{k}': v for k, v in ref.state_dict().items()}
+    assert state['backbone.pos_embed'].shape == (1, 16, 32)
+    converted, report = convert_state_dict({'state_dict': state})
+    assert report.source_layout == 'mmpretrain'
+    model = vit(family='deit3')
+    load_pretrained(model, {'state_dict': state})
+    assert torch.equal(model.pos_embed[:, 0], torch.zeros(1, 32))
+    assert torch.equal(model.pos_embed[:, 1:], ref.pos_embed)
+    assert torch.equal(model.blocks[1].ls2.gamma, ref.layers[1].ffn.gamma2.weight)
