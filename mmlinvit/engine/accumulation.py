@@ -14,6 +14,10 @@ iterations, not optimizer steps, and would silently train something else:
 * a checkpoint written inside an accumulation window loses the gradients accumulated so far
   on ``--resume`` (mmengine warns only then): warned at the start when the checkpoint
   interval (in iterations) is not a multiple of k.
+* iteration-based runs: ``max_iters``, the schedulers' ``begin`` / ``end`` and the intervals
+  count iterations, so a recipe accumulated over k iterations makes k times fewer optimizer
+  steps (160k iterations at k = 8: 20k steps, the warm-up over in 187): warned, with the
+  factor to apply.
 
 :func:`check_amp_device` fails at once when ``AmpOptimWrapper`` cannot run (mmengine refuses
 CPU-only machines only after the model and data are built).
@@ -84,6 +88,15 @@ def adapt_to_accumulation(cfg: Config) -> Config:
             f'{momentum} per optimizer step, set the hook\'s momentum to '
             f'{ema_momentum_per_iteration(momentum, counts):.6g} (--cfg-options '
             f'custom_hooks.<index>.momentum=...).', logger='current', level=logging.WARNING)
+    max_iters = (cfg.get('train_cfg', None) or {}).get('max_iters', None)
+    if max_iters is not None:
+        print_log(f'train_cfg.max_iters={max_iters} counts iterations, not optimizer steps: '
+                  f'with accumulative_counts={counts} the run makes {max_iters // counts} '
+                  f'optimizer steps, and the param_scheduler begin / end (warm-up, poly decay) '
+                  f'and the validation / checkpoint intervals count iterations too. To keep a '
+                  f'recipe\'s number of updates while accumulating its batch over {counts} '
+                  f'iterations, multiply max_iters, every scheduler begin / end and the '
+                  f'intervals by {counts}.', logger='current', level=logging.WARNING)
     interval = _iteration_checkpoint_interval(cfg)
     if interval is not None and interval % counts:
         print_log(f'Checkpoints every {interval} iterations fall inside accumulation windows '

@@ -424,6 +424,10 @@ def check_inputs(cfg: Any, mode: str = 'train', checkpoint: Optional[str] = None
         BatchNormBatchSizeError: training with batch size 1 per GPU through BatchNorm heads.
         PadSizeError: training crops padded to a larger preprocessor size
             (:mod:`.pad_size_check`).
+        ConfigConsistencyError: parts of an inherited config that disagree (head classes vs
+            data set classes, ``save_best`` vs the metric; :mod:`.config_consistency`, which
+            also logs warnings).  ``check_config_consistency = False`` in the config skips
+            it.
     """
     counts: List[str] = []
     problems = find_missing_inputs(cfg, mode=mode, checkpoint=checkpoint, counts=counts)
@@ -442,6 +446,9 @@ def check_inputs(cfg: Any, mode: str = 'train', checkpoint: Optional[str] = None
         problem = find_pad_size_problem(cfg)
         if problem:
             raise PadSizeError(f'Cannot start: {problem}')
+        if cfg.get('check_config_consistency', True):
+            from .config_consistency import check_config_consistency
+            check_config_consistency(cfg)
 
 
 class DataCheckError(PreflightError):

@@ -2,6 +2,8 @@
 # whose pixel decoder is mmdet's MSDeformAttnPixelDecoder and whose losses, assigner and
 # sampler come from mmdet (the `mmdet.` prefixes import mmdet; mmseg's head subclasses
 # mmdet's Mask2FormerHead when mmdet is importable - tests check that it is).
+# Evaluated here: a child that changes the class count re-states decode_head.num_classes and
+# decode_head.loss_cls.class_weight ([1.0] * N + [0.1]), as the Cityscapes configs do.
 num_classes = 150
 norm_cfg = dict(type='SyncBN', requires_grad=True)
 data_preprocessor = dict(

@@ -1,0 +1,96 @@
+"""Inherited configs whose parts disagree are refused (or warned about) before the runner is
+built (mmlinvit.engine.config_consistency)."""
+import logging
+
+import pytest
+from mmengine.config import Config
+from mmengine.logging import MMLogger
+
+from mmlinvit.engine.config_consistency import (ConfigConsistencyError,
+                                                check_config_consistency)
+from mmlinvit.engine.launch import build_runner
+
+from train_testing import make_toy_scenes, toy_config
+
+pytestmark = pytest.mark.usefixtures('one_thread')
+
+
+@pytest.fixture(scope='module')
+def toy_root(tmp_path_factory) -> str:
+    return make_toy_scenes(str(tmp_path_factory.mktemp('toy') / 'toy_ade'))
+
+
+class _Capture(logging.Handler):
+
+    def __init__(self):
+        super().__init__(level=logging.WARNING)
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+@pytest.fixture
+def warnings_logged():
+    logger = MMLogger.get_current_instance()
+    handler = _Capture()
+    logger.addHandler(handler)
+    yield handler.messages
+    logger.removeHandler(handler)
+
+
+def classes(cfg: Config) -> int:
+    return len(cfg.train_dataloader.dataset.metainfo['classes'])
+
+
+def test_the_toy_recipe_passes(tmp_path, toy_root, warnings_logged):
+    check_config_consistency(toy_config(toy_root, str(tmp_path)))
+    assert not [m for m in warnings_logged if m.startswith('Config check')]
+
+
+def test_head_classes_must_be_the_data_sets(tmp_path, toy_root):
+    cfg = toy_config(toy_root, str(tmp_path))
+    n = classes(cfg)
+    cfg.model.decode_head.num_classes = 150  # the ADE20K base's head kept
+    with pytest.raises(ConfigConsistencyError) as info:
+        build_runner(cfg)
+    message = str(info.value)
+    assert f'model.decode_head.num_classes=150' in message and f'has {n} classes' in message
+    assert f'model.decode_head.num_classes={n}' in message  # the fix
+    cfg.check_config_consistency = False  # the opt-out
+    build_runner(cfg)
+
+
+def test_mask2former_class_weight_and_save_best(tmp_path, toy_root):
+    cfg = toy_config(toy_root, str(tmp_path))
+    n = classes(cfg)
+    cfg.model.decode_head = dict(type='Mask2FormerHead', num_classes=n,
+                                 loss_cls=dict(class_weight=[1.0] * 150 + [0.1]))
+    cfg.default_hooks.checkpoint.save_best = 'mIoU'
+    cfg.val_evaluator = dict(type='IoUMetric', iou_metrics=['mDice'])
+    with pytest.raises(ConfigConsistencyError) as info:
+        check_config_consistency(cfg)
+    message = str(info.value)
+    assert f'class_weight has 151 entries but num_classes={n} needs {n + 1}' in message
+    assert "save_best='mIoU' names ['mIoU']" in message and 'mDice' in message
+    cfg.model.decode_head.loss_cls.class_weight = [1.0] * n + [0.1]
+    cfg.default_hooks.checkpoint.save_best = 'mDice'
+    check_config_consistency(cfg)
+
+
+def test_inherited_settings_that_look_changed_are_warned(tmp_path, toy_root, warnings_logged):
+    cfg = toy_config(toy_root, str(tmp_path))
+    dataset = cfg.train_dataloader.dataset
+    dataset.type = 'BaseSegDataset'  # a custom data set under the ADE20K base
+    dataset.reduce_zero_label = True
+    cfg.model.data_preprocessor.bgr_to_rgb = False
+    cfg.crop_size = (640, 640)
+    cfg.param_scheduler = [dict(type='PolyLR', by_epoch=False, begin=0, end=160000)]
+    cfg.model.backbone.out_indices = [0, 1]  # a 4-block backbone
+    check_config_consistency(cfg)
+    text = '\n'.join(warnings_logged)
+    assert 'reduce_zero_label=True on a BaseSegDataset' in text
+    assert 'bgr_to_rgb=False while' in text
+    assert 'top-level crop_size=(640, 640) is not the training crop' in text
+    assert 'ends at 160000 but train_cfg.max_iters=12' in text
+    assert 'blocks 2-3 run at every step' in text
