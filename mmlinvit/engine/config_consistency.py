@@ -149,6 +149,35 @@ def _save_best_problem(cfg: Any) -> Optional[str]:
             f'--cfg-options default_hooks.checkpoint.save_best={suggestion} (or save_best=auto)')
 
 
+#: Label maps read to see whether labels run up to the class count (1-based labels).
+LABEL_SAMPLE = 16
+
+
+def _max_label(dataset: dict, scope: Optional[str]) -> Optional[int]:
+    """The largest label below 255 in a sample of the data set's label maps, if readable."""
+    import os.path as osp
+
+    import numpy as np
+    from PIL import Image
+
+    from mmlinvit.datasets.pairing import _walk, build_lazy_dataset
+    try:
+        ds = build_lazy_dataset(dataset, scope)
+    except Exception:  # noqa: BLE001 - the dataset is built (and its errors shown) later
+        return None
+    folder = (getattr(ds, 'data_prefix', None) or {}).get('seg_map_path')
+    suffix = getattr(ds, 'seg_map_suffix', None)
+    if not folder or not suffix or not osp.isdir(folder):
+        return None
+    files = [f for f in _walk(folder) if f.endswith(suffix)]
+    step = max(len(files) // LABEL_SAMPLE, 1)
+    labels = set()
+    for name in files[::step][:LABEL_SAMPLE]:
+        labels.update(int(v) for v in np.unique(np.asarray(Image.open(osp.join(folder, name)))))
+    labels.discard(255)
+    return max(labels) if labels else None
+
+
 def _reduce_zero_label_warning(cfg: Any) -> Optional[str]:
     found = _train_dataset(cfg)
     if not found or found[0].get('reduce_zero_label', None) is not True:
@@ -160,10 +189,16 @@ def _reduce_zero_label_warning(cfg: Any) -> Optional[str]:
     param = inspect.signature(cls.__init__).parameters.get('reduce_zero_label')
     if param is None or param.default is not False:
         return None
+    count = _dataset_classes(found[0])
+    top = _max_label(found[0], cfg.get('default_scope', None))
+    if count is not None and top is not None and top >= count[0]:
+        return None  # labels run 1..N: 0 is "unlabelled", as reduce_zero_label assumes
+    seen = '' if top is None else f' (the largest label in {LABEL_SAMPLE} of its maps is {top})'
     return (f'{found[1]}.reduce_zero_label=True on a {cls.__name__} (whose default is False; '
-            f'the ADE20K bases set True): label 0 is read as "ignore" and every other label '
-            f'moves down by one. Right only when label 0 of your label maps means unlabelled; '
-            f'otherwise set {found[1]}.reduce_zero_label=False (and in the val / test sets).')
+            f'the ADE20K bases set True){seen}: label 0 is read as "ignore" and every other '
+            f'label moves down by one. Right only when label 0 of your label maps means '
+            f'unlabelled and the classes are labelled 1..N; otherwise set '
+            f'{found[1]}.reduce_zero_label=False (and in the val / test sets).')
 
 
 def _preprocessor(cfg: Any) -> Optional[Tuple[str, dict]]:

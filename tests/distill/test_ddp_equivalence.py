@@ -76,6 +76,13 @@ LR = 1e-3
 #: moves a weight by up to ``LR`` per step).  Needed by tensors that hold nothing but their 3
 #: updates (the qkv biases, ~3e-3 after 3 steps, measured 3.5e-6 relative, 1e-8 absolute).
 PARAM_ATOL = 1e-4 * LR
+#: Relative tolerance of the trained weights.  AdamW divides each gradient by its own running
+#: RMS, so an element whose gradient is nearly zero turns float32 rounding of the reduction
+#: (which differs between CPUs: the matmul kernels do) into a visible weight difference: 5.6e-5
+#: of the scale on one 2-core machine, under 1e-5 on another.  A wrongly reduced loss moves the
+#: weights by 2.7e-2 and 1.8e-1 of their scale (measured, see above), and the AdamW moments,
+#: which are not normalised, keep the RTOL bound.
+WEIGHT_RTOL = 1e-3
 
 
 def _config(data_root: str, teacher_ckpt: str, batch_size: int) -> Config:
@@ -168,7 +175,8 @@ def test_trained_student_and_optimizer_state_are_the_one_process_ones(runs):
     one, two = _student_state(one_ckpt), _student_state(two_ckpt)
     assert sorted(one) == sorted(two) and len(one) > 20
     errors = {name: _relative_error(two[name], one[name], PARAM_ATOL) for name in one}
-    assert max(errors.values()) <= RTOL, sorted(errors.items(), key=lambda kv: -kv[1])[:5]
+    assert max(errors.values()) <= WEIGHT_RTOL, sorted(errors.items(),
+                                                       key=lambda kv: -kv[1])[:5]
 
     # AdamW's moments: the first is the decayed sum of the 3 (clipped) gradients, the second
     # of their squares; a gradient scaled or normalised per rank shows up here even where

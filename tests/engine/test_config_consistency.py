@@ -55,7 +55,7 @@ def test_head_classes_must_be_the_data_sets(tmp_path, toy_root):
     with pytest.raises(ConfigConsistencyError) as info:
         build_runner(cfg)
     message = str(info.value)
-    assert f'model.decode_head.num_classes=150' in message and f'has {n} classes' in message
+    assert 'model.decode_head.num_classes=150' in message and f'has {n} classes' in message
     assert f'model.decode_head.num_classes={n}' in message  # the fix
     cfg.check_config_consistency = False  # the opt-out
     build_runner(cfg)
@@ -81,8 +81,13 @@ def test_mask2former_class_weight_and_save_best(tmp_path, toy_root):
 def test_inherited_settings_that_look_changed_are_warned(tmp_path, toy_root, warnings_logged):
     cfg = toy_config(toy_root, str(tmp_path))
     dataset = cfg.train_dataloader.dataset
-    dataset.type = 'BaseSegDataset'  # a custom data set under the ADE20K base
+    # a custom data set under the ADE20K base, whose labels never reach its class count
+    # (the toy labels run 1..N; with N + 3 classes they read as 0-based)
+    n = classes(cfg) + 3
+    dataset.type = 'BaseSegDataset'
+    dataset.metainfo = dict(classes=tuple(f'class{i}' for i in range(n)))
     dataset.reduce_zero_label = True
+    cfg.model.decode_head.num_classes = n
     cfg.model.data_preprocessor.bgr_to_rgb = False
     cfg.crop_size = (640, 640)
     cfg.param_scheduler = [dict(type='PolyLR', by_epoch=False, begin=0, end=160000)]
