@@ -13,6 +13,7 @@ Examples::
     python tools/test.py configs/adala_dinov2_ade20k.py work_dirs/x/iter_160000.pth
     python tools/test.py CONFIG CKPT --show-dir work_dirs/x/vis
     python tools/test.py CONFIG CKPT --cfg-options model.test_cfg.mode=slide
+    python tools/test.py CONFIG CKPT --tta   # multi-scale + flip (segmentation)
     bash tools/dist_test.sh CONFIG CKPT 8
 """
 import argparse
@@ -21,8 +22,9 @@ from typing import List, Optional
 
 from mmlinvit.converters.checkpoint_file import CheckpointFileError
 from mmlinvit.engine.checkpoint_coverage import CheckpointCoverageError
-from mmlinvit.engine.launch import (add_launch_arguments, build_runner, finish_distributed,
-                                     load_config, parse_launch_args, prepare_test_config)
+from mmlinvit.engine.launch import (TTAConfigError, add_launch_arguments, build_runner,
+                                     finish_distributed, load_config, parse_launch_args,
+                                     prepare_test_config)
 from mmlinvit.engine.preflight import MissingInputsError
 
 
@@ -38,6 +40,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument('--show-dir', help='directory where painted predictions are saved')
     parser.add_argument('--wait-time', type=float, default=2, help='seconds per shown image')
     parser.add_argument('--interval', type=int, default=1, help='visualise every N-th sample')
+    parser.add_argument('--tta', action='store_true',
+                        help='test-time augmentation: the config\'s tta_pipeline (segmentation '
+                             'bases: 6 scales x horizontal flip) through its tta_model')
     add_launch_arguments(parser, 'model.test_cfg.mode=slide')
     return parse_launch_args(parser, argv)
 
@@ -46,9 +51,13 @@ def main(argv: Optional[List[str]] = None) -> dict:
     """Loads the config, applies the flags, checks inputs and evaluates; returns the metrics."""
     args = parse_args(argv)
     cfg = load_config(args.config, args.cfg_options)
-    prepare_test_config(cfg, args.config, args.checkpoint, work_dir=args.work_dir,
-                        show_dir=args.show_dir, show=args.show, wait_time=args.wait_time,
-                        interval=args.interval, out=args.out, launcher=args.launcher)
+    try:
+        prepare_test_config(cfg, args.config, args.checkpoint, work_dir=args.work_dir,
+                            show_dir=args.show_dir, show=args.show, wait_time=args.wait_time,
+                            interval=args.interval, out=args.out, launcher=args.launcher,
+                            tta=args.tta)
+    except TTAConfigError as err:
+        raise SystemExit(f'error: {err}') from None
     try:
         runner = build_runner(cfg, mode='test', checkpoint=args.checkpoint)
     except (MissingInputsError, CheckpointFileError) as err:

@@ -10,6 +10,7 @@ CPU kernel), selects the ``gloo`` backend and wraps the model in
 index), so ``tools/dist_train.sh`` runs on CPU machines too.
 """
 import argparse
+import copy
 import dataclasses
 import logging
 import os
@@ -266,7 +267,8 @@ def prepare_test_config(cfg: Config,
                         wait_time: float = 2.0,
                         interval: int = 1,
                         out: Optional[str] = None,
-                        launcher: str = 'none') -> Config:
+                        launcher: str = 'none',
+                        tta: bool = False) -> Config:
     """Applies ``tools/test.py``'s flags to a loaded config.
 
     Adds ``mmlinvit.CheckpointCoverageHook`` (a checkpoint that misses weights of the model is
@@ -294,11 +296,14 @@ def prepare_test_config(cfg: Config,
         interval: Visualise every ``interval``-th sample.
         out: ``--out``: where raw predictions are dumped.
         launcher: ``--launcher``.
+        tta: ``--tta``: test-time augmentation (see :func:`enable_tta`).
 
     Returns:
         The same config, updated.
     """
     world = world_of(cfg)
+    if tta:
+        enable_tta(cfg)
     _set_launcher_and_work_dir(cfg, config_path, work_dir, launcher)
     cfg.load_from = checkpoint
     cfg.resume = False
@@ -314,6 +319,47 @@ def prepare_test_config(cfg: Config,
         world.enable_output_dump(cfg, out)
     adapt_to_device(cfg, launcher)
     return cfg
+
+
+class TTAConfigError(ValueError):
+    """``--tta`` on a config without test-time augmentation settings."""
+
+
+def enable_tta(cfg: Config) -> None:
+    """Evaluates with the config's ``tta_pipeline`` through its ``tta_model``, as mmseg's
+    ``tools/test.py --tta``, except that the wrapped model keeps its own data preprocessor.
+
+    mmengine's runner gives a model config without ``data_preprocessor`` the top-level one,
+    and ``BaseTTAModel`` writes its ``data_preprocessor`` into the model it wraps: the
+    wrapper would replace the model's preprocessor by the top-level one (another padding in
+    the Cityscapes Mask2Former configs; not the student's for a distillation model).  Here
+    the model gets what it gets without TTA and the wrapper none.
+
+    Args:
+        cfg: The test config, changed in place.
+
+    Raises:
+        TTAConfigError: when the config has no ``tta_model`` / ``tta_pipeline``.
+    """
+    missing = [key for key in ('tta_model', 'tta_pipeline') if not cfg.get(key, None)]
+    if missing:
+        raise TTAConfigError(f'--tta needs {" and ".join(missing)} in the config (the mmlinvit '
+                         f'segmentation bases define both: configs/_base_/datasets/*.py, '
+                         f'configs/_base_/default_runtime_seg.py)')
+    module = copy.deepcopy(cfg.model)
+    top = cfg.get('data_preprocessor', None)
+    if top is not None and 'data_preprocessor' not in module:
+        module['data_preprocessor'] = top
+    cfg.test_dataloader.dataset.pipeline = cfg.tta_pipeline
+    cfg.model = dict(cfg.tta_model, module=module, data_preprocessor=None)
+    print_log(f'--tta: evaluating {_strip_type(module)} through {_strip_type(cfg.tta_model)} '
+              f'with the tta_pipeline ({len(cfg.tta_pipeline)} transforms)', logger='current',
+              level=logging.INFO)
+
+
+def _strip_type(node: Any) -> str:
+    kind = node.get('type', '?') if isinstance(node, dict) else type(node).__name__
+    return str(kind).split('.')[-1]
 
 
 def init_cpu_distributed(launcher: str) -> None:

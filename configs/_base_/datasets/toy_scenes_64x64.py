@@ -22,6 +22,22 @@ test_pipeline = [
     dict(type='LoadAnnotations'),  # reduce_zero_label comes from the dataset
     dict(type='PackSegInputs'),
 ]
+# Multi-scale + flip evaluation (tools/test.py --tta), as the ADE20K / Cityscapes bases: the
+# 64 x 64 scenes at each ratio, with and without a horizontal flip.
+img_ratios = [0.5, 0.75, 1.0, 1.25, 1.5, 1.75]
+tta_pipeline = [
+    dict(type='LoadImageFromFile'),
+    dict(
+        type='TestTimeAug',
+        transforms=[
+            [dict(type='Resize', scale=(int(64 * r), int(64 * r)), keep_ratio=True)
+             for r in img_ratios],
+            [dict(type='RandomFlip', prob=0., direction='horizontal'),
+             dict(type='RandomFlip', prob=1., direction='horizontal')],
+            [dict(type='LoadAnnotations')],
+            [dict(type='PackSegInputs')],
+        ])
+]
 train_dataloader = dict(
     batch_size=8,
     num_workers=0,

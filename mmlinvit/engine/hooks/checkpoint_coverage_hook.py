@@ -4,7 +4,7 @@ a backbone that ``load_from`` gave nothing."""
 from typing import Any, Dict
 
 from mmengine.hooks import Hook
-from mmengine.model import is_model_wrapper
+from mmengine.model import BaseTTAModel, is_model_wrapper
 
 from mmlinvit.registry import HOOKS
 
@@ -42,7 +42,10 @@ class CheckpointCoverageHook(Hook):
 
     def after_load_checkpoint(self, runner: Any, checkpoint: Dict[str, Any]) -> None:
         """Checks the checkpoint against the (unwrapped) model."""
-        model = runner.model.module if is_model_wrapper(runner.model) else runner.model
+        model = runner.model
+        # DDP wrappers and test-time-augmentation wrappers (--tta) hold the model as .module
+        while is_model_wrapper(model) or isinstance(model, BaseTTAModel):
+            model = model.module
         if self.mode == 'train':
             check_training_load_from(model, checkpoint, self.source)
         else:

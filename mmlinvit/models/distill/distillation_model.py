@@ -242,6 +242,15 @@ class DistillationModel(BaseModel):
         self._check_with_dry_run()
 
     # ------------------------------------------------------------------ building
+    @property
+    def out_channels(self) -> int:
+        """The segmentation student's ``out_channels`` (what mmseg's ``SegTTAModel`` reads
+        of the model it wraps: predictions are the student's)."""
+        if not hasattr(self.student, 'out_channels'):
+            raise AttributeError(f'the student ({type(self.student).__name__}) has no '
+                                 f'out_channels')
+        return self.student.out_channels
+
     def student_backbone(self) -> nn.Module:
         """The student's backbone (the student itself when it is a bare backbone)."""
         return self.student.backbone if self.student_is_task_model else self.student
