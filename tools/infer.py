@@ -238,10 +238,24 @@ def _batched_forward(inferencer: Any, images: List[str],
     for start in range(0, len(images), batch_size):
         batch = images[start:start + batch_size]
         data = next(iter(inferencer.preprocess(batch, batch_size=len(batch))))
-        yield batch, inferencer.forward(data)
+        # Images of other sizes after the test pipeline (ADE20K, photo folders) go in
+        # separate forwards: mmseg's preprocessor stacks only equal sizes.
+        for lo, hi in _equal_shape_runs([tuple(x.shape) for x in data['inputs']]):
+            part = {key: value[lo:hi] for key, value in data.items()}
+            yield batch[lo:hi], inferencer.forward(part)
         for _ in batch:
             bar.update()
     sys.stdout.write('\n')
+
+
+def _equal_shape_runs(shapes: List[Tuple[int, ...]]) -> List[Tuple[int, int]]:
+    """(start, stop) of the runs of consecutive equal shapes."""
+    runs, start = [], 0
+    for i in range(1, len(shapes) + 1):
+        if i == len(shapes) or shapes[i] != shapes[start]:
+            runs.append((start, i))
+            start = i
+    return runs
 
 
 def segmentation_classes(cfg: Config, checkpoint: Dict[str, Any]) -> Tuple[Dict[str, Any], str]:
