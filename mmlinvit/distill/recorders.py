@@ -279,8 +279,12 @@ class ModuleInputsRecorder(ModuleRecorder):
 class AttentionMapsRecorder(ModuleRecorder):
     """Records (B, heads, N, N) maps of attention operators via their ``attention_map``.
 
-    The hook re-evaluates the operator's explicit map on the same inputs (O(N^2) extra
-    compute), so it suits small grids and analysis runs.
+    The operator's explicit map is evaluated on the inputs of its last forward (O(N^2) extra
+    compute), so it suits small grids and analysis runs.  The hook only keeps the inputs; the
+    map is computed when the record is read (:meth:`get`), outside the module's forward: a
+    block under activation checkpointing (``with_cp``) recomputes its forward in the backward
+    pass, which must save the tensors the first forward saved, and the recorders are off by
+    then (computing the map inside the hook made that recomputation differ, a CheckpointError).
     """
 
     def check_module(self, module: nn.Module, path: str, where: str) -> None:
@@ -294,9 +298,27 @@ class AttentionMapsRecorder(ModuleRecorder):
 
         def hook(mod: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
             if self.enabled:
-                store(mod.attention_map(*args, **kwargs))
+                store(_PendingMap(mod, args, kwargs))
 
         return module.register_forward_hook(hook, with_kwargs=True)
+
+    def get(self, where: Optional[str] = None) -> Record:
+        """The maps of the last forward, computed on first read (see the class docstring)."""
+        super().get(where)  # the checks: attached, every module ran
+        for slot, value in list(self._records.items()):
+            if isinstance(value, _PendingMap):
+                self._records[slot] = value.compute()
+        return super().get(where)
+
+
+class _PendingMap:
+    """An operator and the inputs of one forward, whose attention map is computed later."""
+
+    def __init__(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        self.module, self.args, self.kwargs = module, args, dict(kwargs)
+
+    def compute(self) -> Any:
+        return self.module.attention_map(*self.args, **self.kwargs)
 
 
 def build_recorder(cfg: Union[str, dict]) -> ModuleRecorder:

@@ -85,6 +85,26 @@ def test_with_cp_gives_equal_gradients_and_recomputes(name):
     assert calls_ckpt == ['forward'] * depth + ['backward'] * depth
 
 
+def test_blocks_are_checkpointed_without_reentrance(monkeypatch):
+    """Non-reentrant checkpointing: the reentrant form gives a block's parameters no
+    gradient when its input needs none (a frozen stem, a teacher-forced input) and drops
+    gradients that reach the block other than through its output (distillation recorders)."""
+    import mmlinvit.backbones.checkpointing as checkpointing
+    seen = []
+    real = checkpointing.checkpoint
+
+    def recording(*args, **kwargs):
+        seen.append(kwargs.get('use_reentrant'))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(checkpointing, 'checkpoint', recording)
+    for name in sorted(BUILDERS):
+        model = BUILDERS[name](True).train()
+        out = model(torch.randn(1, 3, 32, 32))
+        sum(o.sum() for o in out).backward()
+    assert seen and set(seen) == {False}
+
+
 @pytest.mark.parametrize('name', sorted(BUILDERS))
 def test_with_cp_is_inactive_in_eval_no_grad_and_for_frozen_blocks(name):
     model = BUILDERS[name](True)

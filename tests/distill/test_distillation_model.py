@@ -299,6 +299,67 @@ def test_attention_map_matching_through_the_model():
         3e3 * losses['distill.gap_maps'].item(), rel=1e-5)
 
 
+def _loss_and_grads(cfg, seed=0):
+    torch.manual_seed(seed)
+    model = MODELS.build(cfg)
+    model.train()
+    torch.manual_seed(1)
+    losses = model.loss(images())
+    total, _ = model.parse_losses(losses)
+    total.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return {k: v.item() for k, v in losses.items()}, grads, model
+
+
+@pytest.mark.parametrize('attn', ['elu', 'softmax'])
+def test_attention_maps_of_a_with_cp_student(attn):
+    """An AttentionMaps recorder on a student under activation checkpointing: the maps are
+    computed when read, outside the checkpointed blocks (computed in the hook, the backward's
+    recomputation saved other tensors: CheckpointError)."""
+    results = []
+    for with_cp in (False, True):
+        cfg = attn_out_model(
+            student=vit(attn, with_cp=with_cp, drop_path_rate=0.1),
+            student_recorders=dict(maps=dict(type='AttentionMaps', source='blocks.{i}.attn')),
+            teacher_recorders=dict(maps=dict(type='AttentionMaps', source='blocks.{i}.attn')),
+            distill_losses=dict(maps=dict(
+                loss=dict(type='mmlinvit.AttentionMapLoss', loss_weight=3e3),
+                inputs=dict(student_maps='student.maps', teacher_maps='teacher.maps'))))
+        results.append(_loss_and_grads(cfg))
+    (loss_off, grads_off, _), (loss_on, grads_on, _) = results
+    assert loss_on == loss_off and loss_off['distill.loss_maps'] > 0
+    assert sorted(grads_on) == sorted(grads_off) and grads_off
+    for name, grad in grads_off.items():
+        assert torch.allclose(grads_on[name], grad, rtol=1e-5, atol=1e-8), name
+
+
+def test_stage1_teacher_forcing_checkpoints_with_cp_blocks(monkeypatch):
+    """ViT-AdaLA Stage 1 with student with_cp=True: the teacher-forced attention of each
+    block runs under activation checkpointing (it ran plainly: with_cp was a no-op there), with
+    the same loss and gradients."""
+    import mmlinvit.distill.teacher_forcing as teacher_forcing
+    calls = []
+    real = teacher_forcing.checkpoint
+
+    def counting(*args, **kwargs):
+        calls.append(kwargs.get('use_reentrant'))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(teacher_forcing, 'checkpoint', counting)
+    results = []
+    for with_cp in (False, True):
+        cfg = stage1_model_cfg()
+        cfg['student']['with_cp'] = with_cp
+        results.append(_loss_and_grads(cfg))
+    depth = tiny_arch()['num_layers']
+    assert calls == [False] * depth  # only with with_cp, one per block, non-reentrant
+    (loss_off, grads_off, _), (loss_on, grads_on, _) = results
+    assert loss_on == loss_off
+    assert sorted(grads_on) == sorted(grads_off) and grads_off
+    for name, grad in grads_off.items():
+        assert torch.allclose(grads_on[name], grad, rtol=1e-5, atol=1e-8), name
+
+
 # ---------------------------------------------------------------- task-model student
 def test_task_model_student_adds_task_loss_and_predicts():
     from mmpretrain.structures import DataSample
