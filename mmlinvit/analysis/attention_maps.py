@@ -167,17 +167,28 @@ def activation_similarity_maps(model: nn.Module, images: torch.Tensor, query: Tu
 
 
 def upsample_map(grid_map: torch.Tensor, image_hw: Tuple[int, int],
-                 mode: str = 'nearest') -> torch.Tensor:
+                 mode: str = 'nearest', patch_size: Optional[int] = None) -> torch.Tensor:
     """(h, w) or (B, h, w) patch-grid map -> the same at image resolution (for overlays).
 
     Args:
         grid_map: Map on the patch grid.
         image_hw: (H, W) output size.
         mode: ``'nearest'`` (patch blocks) or ``'bilinear'``.
+        patch_size: The model's patch size.  An image whose sides are not multiples of it was
+            padded at the bottom / right to the grid: the map is upsampled to the padded size
+            ``(h * patch, w * patch)`` and cropped to ``image_hw``, so each patch lands on its
+            pixels (stretching the grid over the image shifted the last column by up to a
+            patch).  ``None``: stretched to ``image_hw``.
     """
     squeeze = grid_map.dim() == 2
     t = grid_map.float().reshape((1, 1) + tuple(grid_map.shape[-2:])) if squeeze else \
         grid_map.float().unsqueeze(1)
     kwargs = {} if mode == 'nearest' else dict(align_corners=False)
-    out = F.interpolate(t, size=tuple(image_hw), mode=mode, **kwargs)[:, 0]
+    size = tuple(image_hw)
+    if patch_size is not None:
+        size = (t.shape[-2] * patch_size, t.shape[-1] * patch_size)
+        if size[0] < image_hw[0] or size[1] < image_hw[1]:
+            raise ValueError(f'a {t.shape[-2]}x{t.shape[-1]} grid of {patch_size}-pixel patches '
+                             f'does not cover a {image_hw[0]}x{image_hw[1]} image')
+    out = F.interpolate(t, size=size, mode=mode, **kwargs)[:, 0, :image_hw[0], :image_hw[1]]
     return out[0] if squeeze else out

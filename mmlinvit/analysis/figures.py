@@ -54,9 +54,9 @@ def save_teacher_student_figure(path: str, images: Sequence[np.ndarray],
     gap_max = max(float(cmp.feature_cosine_gap.max()), 1e-6)
     for r, image in enumerate(images):
         hw = image.shape[:2]
-        t_map = upsample_map(cmp.teacher_attention[r], hw).numpy()
-        s_map = upsample_map(cmp.student_attention[r], hw).numpy()
-        d_map = upsample_map(cmp.attention_difference[r], hw).numpy()
+        t_map = upsample_map(cmp.teacher_attention[r], hw, patch_size=patch_size).numpy()
+        s_map = upsample_map(cmp.student_attention[r], hw, patch_size=patch_size).numpy()
+        d_map = upsample_map(cmp.attention_difference[r], hw, patch_size=patch_size).numpy()
         lo = min(float(t_map.min()), float(s_map.min()))
         hi = max(float(t_map.max()), float(s_map.max()))
         signed = lo < 0

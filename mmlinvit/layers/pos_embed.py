@@ -53,10 +53,14 @@ def resample_pos_grid(pos: torch.Tensor, src_hw: Tuple[int, int], dst_hw: Tuple[
 
 def sincos_pos_embed_2d(hw_shape: Tuple[int, int], dims: int, temperature: float = 10000.0,
                         device=None, dtype=torch.float32) -> torch.Tensor:
-    """Fixed 2-D sin-cos position embedding (MAE / MoCo-v3 convention).
+    """Fixed 2-D sin-cos position embedding (MoCo-v3's ``build_2d_sincos_position_embedding``
+    layout).
 
     The first half of the channels encodes the row (h) coordinate, the second half the
-    column (w) coordinate; each half is [sin, cos] over ``dims // 4`` frequencies.
+    column (w) coordinate; each half is [sin, cos] over ``dims // 4`` frequencies.  (MAE's
+    ``get_2d_sincos_pos_embed`` puts the column half first: the same values with the halves
+    swapped, which matters only for weights trained with one of them; this embedding is
+    computed, never loaded.)
 
     Args:
         hw_shape: (h, w) grid.

@@ -61,6 +61,18 @@ def test_map_errors_are_clear():
         query_attention_maps(_tiny_vit('softmax'), images, (0, 0), [5])
 
 
+def test_upsample_map_of_a_padded_grid_lands_on_its_patches():
+    """A 300-pixel-wide image at patch 16 has a 19-column grid padded to 304 pixels: the last
+    column covers pixels 288..299 (stretched over 300 pixels, it covered 285..299)."""
+    grid = torch.zeros(14, 19)
+    grid[:, 18] = 1.0
+    up = upsample_map(grid, (224, 300), patch_size=16)
+    assert up.shape == (224, 300)
+    assert torch.nonzero(up[0]).flatten().tolist() == list(range(288, 300))
+    with pytest.raises(ValueError, match='does not cover'):
+        upsample_map(grid, (224, 320), patch_size=16)
+
+
 def test_upsample_map_nearest_blocks():
     grid = torch.arange(6.0).reshape(2, 3)
     up = upsample_map(grid, (4, 6))

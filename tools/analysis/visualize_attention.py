@@ -181,7 +181,7 @@ def render(images: List[np.ndarray], captions: List[str],
         for c, (name, maps) in enumerate(columns, start=1):
             ax = axes[r, c]
             grid_maps, shown_at = maps[layer]
-            full = upsample_map(grid_maps[index], (h_img, w_img)).numpy()
+            full = upsample_map(grid_maps[index], (h_img, w_img), patch_size=patch).numpy()
             lo, hi = float(full.min()), float(full.max())
             ax.imshow(image)
             if lo < 0:
