@@ -305,7 +305,8 @@ class VisionTransformer(TokenBackbone):
             f'so give the backbone act= explicitly (config: the backbone\'s act; '
             f'tools/linearize.py: --act). The OpenAI TorchScript release itself (ViT-B-16.pt) '
             f'and files converted from it by tools/model_converters/convert_checkpoint.py '
-            f'record QuickGELU and need nothing.')
+            f'record QuickGELU and need nothing (a file converted before the record: convert '
+            f'it again, or give act=\'quick_gelu\').')
 
     def check_training_record(self, name: str, recorded: torch.Tensor) -> None:
         """Refuses a checkpoint whose blocks were trained with another attention operator
