@@ -51,8 +51,19 @@ def add_launch_arguments(parser: argparse.ArgumentParser, cfg_options_example: s
 
 def parse_launch_args(parser: argparse.ArgumentParser,
                       argv: Optional[List[str]] = None) -> argparse.Namespace:
-    """Parses ``argv`` and exports ``--local-rank`` as ``LOCAL_RANK`` unless a launcher set it."""
+    """Parses ``argv`` and exports ``--local-rank`` as ``LOCAL_RANK`` unless a launcher set it.
+
+    A process started as one of several (``WORLD_SIZE`` > 1: torchrun, torch.distributed.launch)
+    with ``--launcher none`` is refused: every process would train the whole run alone, on the
+    same batches, and write the same checkpoints, with exit status 0.
+    """
     args = parser.parse_args(argv)
+    world_size = os.environ.get('WORLD_SIZE', '1')
+    if args.launcher == 'none' and world_size.isdigit() and int(world_size) > 1:
+        parser.error(f'this process is one of WORLD_SIZE={world_size} started by a launcher '
+                     f'(torchrun), but --launcher is none: each process would run the whole '
+                     f'training alone on the same batches and write the same files. Add '
+                     f'--launcher pytorch (bash tools/dist_train.sh CONFIG N does).')
     if 'LOCAL_RANK' not in os.environ:
         os.environ['LOCAL_RANK'] = str(args.local_rank)
     return args

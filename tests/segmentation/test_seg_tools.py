@@ -196,6 +196,20 @@ def test_dist_train_and_test_two_processes_gloo(tmp_path, ade_root):
     assert 'mIoU' in _latest_log(str(tmp_path / 'test_wd'))
 
 
+def test_a_launched_process_without_launcher_is_refused(monkeypatch, capsys):
+    """torchrun tools/train.py CONFIG (no --launcher pytorch): each of the processes would
+    train alone on the same batches and write the same checkpoints, with exit status 0."""
+    train, test = _load_tool('train'), _load_tool('test')
+    monkeypatch.setenv('WORLD_SIZE', '2')
+    for tool, argv in ((train, ['cfg.py']), (test, ['cfg.py', 'ckpt.pth'])):
+        with pytest.raises(SystemExit):
+            tool.parse_args(argv)
+        assert '--launcher pytorch' in capsys.readouterr().err
+    assert train.parse_args(['cfg.py', '--launcher', 'pytorch']).launcher == 'pytorch'
+    monkeypatch.setenv('WORLD_SIZE', '1')
+    assert train.parse_args(['cfg.py']).launcher == 'none'
+
+
 def test_train_flags_map_to_the_config(tmp_path):
     from mmengine.config import Config
 
