@@ -377,13 +377,21 @@ def init_cpu_distributed(launcher: str) -> None:
     """Initialises a ``gloo`` process group for ``--launcher pytorch`` on CPU-only machines.
 
     mmengine's ``init_dist`` calls ``torch.cuda.set_device`` first, which fails without a GPU;
-    once a group exists, the runner skips its own initialisation.
+    once a group exists, the runner skips its own initialisation.  The other launchers
+    (``slurm``, ``mpi``) are refused on CPU-only machines, naming torchrun (mmengine failed
+    with "Found no NVIDIA driver").
 
     Args:
         launcher: The ``--launcher`` value.
     """
-    if launcher != 'pytorch' or torch.cuda.is_available():
+    if launcher == 'none' or torch.cuda.is_available():
         return
+    if launcher != 'pytorch':
+        raise RuntimeError(f'--launcher {launcher} initialises NCCL on GPUs (mmengine) and '
+                           f'this machine has none; on CPU-only machines start the processes '
+                           f'with torchrun and --launcher pytorch (bash tools/dist_train.sh '
+                           f'CONFIG N, with NNODES / NODE_RANK / MASTER_ADDR / PORT for several '
+                           f'nodes), which runs gloo')
     import torch.distributed as dist
     if dist.is_initialized():
         return

@@ -210,6 +210,15 @@ def test_a_launched_process_without_launcher_is_refused(monkeypatch, capsys):
     assert train.parse_args(['cfg.py']).launcher == 'none'
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason='the CPU-only refusal')
+def test_gpu_launchers_on_a_cpu_machine_name_torchrun():
+    from mmlinvit.engine.launch import init_cpu_distributed
+    for launcher in ('slurm', 'mpi'):
+        with pytest.raises(RuntimeError, match='torchrun and --launcher pytorch'):
+            init_cpu_distributed(launcher)
+    init_cpu_distributed('none')  # single process: nothing to do
+
+
 def test_train_flags_map_to_the_config(tmp_path):
     from mmengine.config import Config
 
