@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 
 from mmlinvit.backbones.base import TokenBackbone
-from mmlinvit.backbones.training_record import MLP_ACT_RECORD, encode_names
+from mmlinvit.backbones.training_record import MLP_ACT_RECORD, decode_names, encode_names
 from mmlinvit.layers.pos_embed import POS_GRID_RECORD
 from .checkpoint_file import ZIP_MAGIC, CheckpointFileError, checkpoint_file_problem
 from .layouts import (ADVENTURER_BLOCK_KEY, CHECKPOINT_LAYOUTS, ConversionResult, StateDict,
@@ -260,6 +260,13 @@ def initialisable_missing_keys(missing: List[str],
         match = OPERATOR_EXTRA_KEY.match(key)
         if match:
             blocks_with_extras.add(match.group(1))
+    # mmlinvit files say which blocks were trained with a linear operator: their missing
+    # operator parameters (another option of the operator, e.g. InLine's local branch) are
+    # errors even when the block carries none.
+    record = state_dict.get('block_operators')
+    if isinstance(record, torch.Tensor) and record.dtype == torch.uint8 and record.ndim == 2:
+        blocks_with_extras.update(str(i) for i, name in enumerate(decode_names(record))
+                                  if name != 'softmax')
     allowed = {}
     for key in missing:
         match = OPERATOR_EXTRA_KEY.match(key)
@@ -334,9 +341,13 @@ def check_state_dict_fits(model: nn.Module,
                      'with_mask_token=False')
     if strict and operator_missing:
         present = [k for k in state_dict if OPERATOR_EXTRA_KEY.match(k)]
+        record = state_dict.get('block_operators')
+        evidence = (f'carry other operator parameters ({", ".join(summarise_keys(present, 6))})'
+                    if present else
+                    f'were trained with {sorted(set(decode_names(record)))} (block_operators)'
+                    if isinstance(record, torch.Tensor) else 'were linearized')
         lines.append(f'  {len(operator_missing)} of them are attention-operator parameters '
-                     f'missing from checkpoint blocks that carry other operator parameters '
-                     f'({", ".join(summarise_keys(present, limit=6))}): the checkpoint was '
+                     f'missing from checkpoint blocks that {evidence}: the checkpoint was '
                      f'saved from a linearized operator, so they would be silently '
                      f're-initialised. Build the model with the checkpoint\'s attn_cfg '
                      f'(operator and its options), or load with strict=False to initialise '

@@ -108,8 +108,9 @@ class TeacherForcing:
         Raises:
             DistillationConfigError: for a task-model student, a missing or wrong input
                 recorder, a different number of blocks in student and teacher (naming both),
-                a student block without ``forward_attn``, or a student backbone without
-                ``patch_size`` / ``num_prefix_tokens``.
+                a student block without ``forward_attn``, a student backbone without
+                ``patch_size`` / ``num_prefix_tokens``, or other prefix tokens (class /
+                registers) than the teacher's.
         """
         if not bare_backbone:
             raise DistillationConfigError('teacher_forcing needs a bare backbone student '
@@ -143,6 +144,17 @@ class TeacherForcing:
                 raise DistillationConfigError(
                     f'teacher_forcing needs the student backbone attribute {attr!r} '
                     f'({type(student).__name__} has none)')
+        theirs = getattr(teacher, 'num_prefix_tokens', None)
+        if theirs is not None and theirs != student.num_prefix_tokens:
+            raise DistillationConfigError(
+                f'teacher_forcing: the teacher\'s block inputs carry {theirs} class / register '
+                f'token(s) before the patches and the student expects '
+                f'{student.num_prefix_tokens}; each student block runs on the teacher\'s tokens, '
+                f'so both need the same prefix tokens. MHLA / TTT students take their papers\' '
+                f'setting (no class token) unless told otherwise: build the student with the '
+                f'teacher\'s tokens, e.g. --cfg-options model.student.with_cls_token=True '
+                f'model.student.num_reg_tokens=<teacher\'s> model.student.pos_embed_type=learned '
+                f'model.student.check_operator_setting=False (a documented deviation)')
 
     def forward_student(self, student: nn.Module, recorder: ModuleInputsRecorder,
                         inputs: torch.Tensor, dry_run: bool = False) -> None:

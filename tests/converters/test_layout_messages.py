@@ -83,3 +83,19 @@ def test_mmpretrain_deit3_without_class_position_loads():
     assert torch.equal(model.pos_embed[:, 0], torch.zeros(1, 32))
     assert torch.equal(model.pos_embed[:, 1:], ref.pos_embed)
     assert torch.equal(model.blocks[1].ls2.gamma, ref.layers[1].ffn.gamma2.weight)
+
+
+def test_operator_options_missing_from_a_linearized_checkpoint_are_refused(tmp_path):
+    """An InLine checkpoint (no operator parameters) into InLine with its local branch: the
+    block_operators record says the blocks were linearized, so the local branch's parameters
+    are not 'operators starting from softmax weights' and must not stay random."""
+    source = vit(attn_cfg='inline')
+    path = str(tmp_path / 'inline.pth')
+    torch.save(source.state_dict(), path)
+    model = vit(attn_cfg=dict(type='inline', local_residual=True))
+    with pytest.raises(CheckpointMismatchError, match=r"were trained with \['inline'\]"):
+        load_pretrained(model, path)
+    # softmax weights still start any operator, local branch included
+    torch.save(vit().state_dict(), path)
+    report = load_pretrained(model, path)
+    assert report.initialised

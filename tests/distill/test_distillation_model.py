@@ -333,6 +333,15 @@ def test_attention_maps_of_a_with_cp_student(attn):
         assert torch.allclose(grads_on[name], grad, rtol=1e-5, atol=1e-8), name
 
 
+def test_stage1_student_without_the_teachers_tokens_is_refused():
+    """An MHLA student takes its paper's setting (no class token); teacher forcing would feed
+    it the DINOv2 teacher's class token (a bare shape error at the first step)."""
+    cfg = stage1_model_cfg()
+    cfg['student']['attn_cfg'] = 'mhla'
+    with pytest.raises(DistillationConfigError, match='with_cls_token=True'):
+        MODELS.build(cfg)
+
+
 def test_stage1_teacher_forcing_checkpoints_with_cp_blocks(monkeypatch):
     """ViT-AdaLA Stage 1 with student with_cp=True: the teacher-forced attention of each
     block runs under activation checkpointing (it ran plainly: with_cp was a no-op there), with
