@@ -34,6 +34,11 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         default=None,
         help='resume from CKPT, or from the latest checkpoint of the work dir if no CKPT is given')
     parser.add_argument('--amp', action='store_true', help='mixed-precision training')
+    parser.add_argument('--auto-scale-lr', action='store_true',
+                        help='scale the lr by the real batch (world size x batch size x '
+                             'accumulative_counts) against auto_scale_lr.base_batch_size')
+    parser.add_argument('--no-validate', action='store_true',
+                        help='train without validation (mmpretrain\'s flag)')
     parser.add_argument('--check-data', action='store_true',
                         help='decode every image and label map of the train / val sets before '
                              'training; stop, naming the bad files, if any cannot be used')
@@ -45,8 +50,12 @@ def main(argv: Optional[List[str]] = None) -> None:
     """Loads the config, applies the flags, checks inputs and trains."""
     args = parse_args(argv)
     cfg = load_config(args.config, args.cfg_options)
-    prepare_train_config(cfg, args.config, work_dir=args.work_dir, resume=args.resume,
-                         amp=args.amp, launcher=args.launcher)
+    try:
+        prepare_train_config(cfg, args.config, work_dir=args.work_dir, resume=args.resume,
+                             amp=args.amp, launcher=args.launcher,
+                             auto_scale_lr=args.auto_scale_lr, no_validate=args.no_validate)
+    except ValueError as err:
+        raise SystemExit(f'error: {err}') from None
     try:
         runner = build_runner(cfg, mode='train')
         if args.check_data:

@@ -173,7 +173,12 @@ def _max_label(dataset: dict, scope: Optional[str]) -> Optional[int]:
     step = max(len(files) // LABEL_SAMPLE, 1)
     labels = set()
     for name in files[::step][:LABEL_SAMPLE]:
-        labels.update(int(v) for v in np.unique(np.asarray(Image.open(osp.join(folder, name)))))
+        try:
+            with Image.open(osp.join(folder, name)) as label_map:
+                values = np.unique(np.asarray(label_map))
+        except (OSError, ValueError):  # unreadable: --check-data / the loader report it
+            continue
+        labels.update(int(v) for v in values)
     labels.discard(255)
     return max(labels) if labels else None
 

@@ -219,7 +219,9 @@ def prepare_train_config(cfg: Config,
                          work_dir: Optional[str] = None,
                          resume: Optional[str] = None,
                          amp: bool = False,
-                         launcher: str = 'none') -> Config:
+                         launcher: str = 'none',
+                         auto_scale_lr: bool = False,
+                         no_validate: bool = False) -> Config:
     """Applies ``tools/train.py``'s flags to a loaded config.
 
     Args:
@@ -230,12 +232,29 @@ def prepare_train_config(cfg: Config,
             checkpoint path.
         amp: ``--amp`` (mixed precision through ``AmpOptimWrapper``).
         launcher: ``--launcher``.
+        auto_scale_lr: ``--auto-scale-lr`` (mmpretrain's): ``auto_scale_lr.enable = True``.
+        no_validate: ``--no-validate`` (mmpretrain's): no validation loop, loader or
+            evaluator (and no best-checkpoint selection, which needs them).
 
     Returns:
         The same config, updated.
+
+    Raises:
+        ValueError: ``--auto-scale-lr`` on a config without ``auto_scale_lr.base_batch_size``.
     """
     world_of(cfg)
     _set_launcher_and_work_dir(cfg, config_path, work_dir, launcher)
+    if auto_scale_lr:
+        scale = cfg.get('auto_scale_lr', None)
+        if not scale or 'base_batch_size' not in scale:
+            raise ValueError('--auto-scale-lr needs auto_scale_lr = dict(base_batch_size=...) '
+                             'in the config (the batch its lr was set for)')
+        scale['enable'] = True
+    if no_validate:
+        cfg.val_cfg = cfg.val_dataloader = cfg.val_evaluator = None
+        checkpoint = (cfg.get('default_hooks', None) or {}).get('checkpoint', None)
+        if checkpoint is not None and checkpoint.get('save_best', None):
+            checkpoint['save_best'] = None
     if amp:
         wrapper = cfg.optim_wrapper.get('type', 'OptimWrapper')
         if wrapper == 'AmpOptimWrapper':

@@ -224,6 +224,20 @@ def test_train_flags_map_to_the_config(tmp_path):
 
     from mmlinvit.engine.launch import prepare_train_config
     path = osp.join(REPO, 'configs', 'adala_dinov2_ade20k.py')
+    # mmpretrain's --auto-scale-lr / --no-validate
+    cls_path = osp.join(REPO, 'configs', 'copy_mlp_distill_attn',
+                        'copy-mlp-distill-attn_deit-b-elu_64xb64-300e_in1k-224x224.py')
+    cfg = prepare_train_config(Config.fromfile(cls_path), cls_path, auto_scale_lr=True,
+                               no_validate=True)
+    assert cfg.auto_scale_lr.enable is True
+    assert cfg.val_cfg is None and cfg.val_dataloader is None and cfg.val_evaluator is None
+    assert not cfg.default_hooks.checkpoint.get('save_best')
+    bare = Config.fromfile(path)
+    bare.auto_scale_lr = None
+    with pytest.raises(ValueError, match='base_batch_size'):  # no auto_scale_lr in the config
+        prepare_train_config(bare, path, auto_scale_lr=True)
+    args = _load_tool('train').parse_args(['cfg.py', '--auto-scale-lr', '--no-validate'])
+    assert args.auto_scale_lr and args.no_validate
     cfg = prepare_train_config(Config.fromfile(path), path, amp=True, resume='auto')
     assert cfg.work_dir == osp.join('./work_dirs', 'adala_dinov2_ade20k')
     assert cfg.optim_wrapper.type == 'AmpOptimWrapper'
