@@ -505,11 +505,15 @@ def load_pretrained(model: nn.Module,
     if note:
         report.notes.append(note)
     logger.info('Loaded %s into %s:\n%s', source, type(model).__name__, report.format())
-    if missing:
+    # Training records (what the weights were trained with) are not weights: a file without
+    # them (official releases) is the normal case, reported at INFO above.
+    records = set(getattr(model, 'TRAINING_RECORDS', ()))
+    weights_missing = [k for k in missing if k not in records]
+    if weights_missing:
         # Visible at default verbosity (WARNING): parameters that did not come from the file.
         logger.warning('%s: %d tensor(s) of %s are not in the checkpoint and keep their '
-                       'init: %s', source, len(missing), type(model).__name__,
-                       '; '.join(report.describe_initialised()))
+                       'init: %s', source, len(weights_missing), type(model).__name__,
+                       '; '.join(report.describe_initialised(weights_missing)))
     if unexpected:
         logger.warning('%s: %d checkpoint tensor(s) have no place in %s and were ignored '
                        '(strict=False): %s', source, len(unexpected), type(model).__name__,

@@ -1,7 +1,7 @@
 """What a checkpoint conversion did: renamed, dropped and set-aside keys, and notes."""
 import re
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List
+from typing import Dict, Iterable, List, Optional
 
 import torch
 
@@ -92,12 +92,12 @@ class ConversionReport:
             unexpected=list(self.unexpected),
             loaded=self.loaded)
 
-    def describe_initialised(self) -> List[str]:
-        """The missing keys grouped by reason, e.g. ``'blocks.{0-11}.attn.block_mixing
-        (attention-operator parameter ...)'``; keys without a reason (skipped by a non-strict
-        load) come last."""
+    def describe_initialised(self, keys: Optional[Iterable[str]] = None) -> List[str]:
+        """The missing keys (or ``keys`` of them) grouped by reason, e.g.
+        ``'blocks.{0-11}.attn.block_mixing (attention-operator parameter ...)'``; keys without
+        a reason (skipped by a non-strict load) come last."""
         by_reason: Dict[str, List[str]] = {}
-        for key in self.missing:
+        for key in self.missing if keys is None else keys:
             by_reason.setdefault(self.initialised.get(key, 'skipped (strict=False)'),
                                  []).append(key)
         return [f'{", ".join(summarise_keys(keys, limit=8))} ({reason})'

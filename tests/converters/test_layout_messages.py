@@ -99,3 +99,15 @@ def test_operator_options_missing_from_a_linearized_checkpoint_are_refused(tmp_p
     torch.save(vit().state_dict(), path)
     report = load_pretrained(model, path)
     assert report.initialised
+
+
+def test_official_files_load_without_record_warnings(tmp_path, caplog):
+    """Files without training records (official releases) are the normal case: the records
+    are in the INFO report, not in the WARNING about weights that keep their init."""
+    path = str(tmp_path / 'official.pth')
+    torch.save({k: v for k, v in vit().state_dict().items()
+                if k not in VisionTransformer.TRAINING_RECORDS}, path)
+    with caplog.at_level('INFO', logger='mmlinvit.converters.loading'):
+        report = load_pretrained(vit(), path)
+    assert set(report.missing) == set(VisionTransformer.TRAINING_RECORDS)
+    assert not [r for r in caplog.records if r.levelname == 'WARNING']
