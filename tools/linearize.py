@@ -189,9 +189,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     arch = _parse_json_or_name(args.arch)
     check_names(attn_cfg, args.strategy, arch, args.family)
 
-    state_dict, conversion, _ = read_checkpoint(args.teacher_ckpt, layout=args.layout,
-                                                trust_checkpoint=args.trust_checkpoint)
-    structure = teacher_structure(state_dict)
+    try:
+        state_dict, conversion, _ = read_checkpoint(args.teacher_ckpt, layout=args.layout,
+                                                    trust_checkpoint=args.trust_checkpoint)
+        structure = teacher_structure(state_dict)
+    except (OSError, ValueError, TypeError, RuntimeError) as err:
+        print(f'error: {args.teacher_ckpt}: {err}', file=sys.stderr)
+        return 1
 
     teacher_cfg = dict(arch=arch, family=args.family, attn_cfg='softmax', **structure)
     if args.act is not None:

@@ -228,9 +228,11 @@ def _fix_timm_pos_embed(out: StateDict, report: ConversionReport,
         raise ValueError(
             f'pos_embed has {length} rows, which is no square grid after '
             f'{sorted(set(readings.values()))} prefix rows (class token: {has_cls}, register '
-            f'tokens: {num_reg}). A grid learned at a non-square image size needs its shape '
-            f'recorded ({POS_GRID_RECORD}, written by mmlinvit); a DeiT distilled checkpoint has '
-            f'a second prefix token (dist_token), which no layout reads')
+            f'tokens: {num_reg}). A grid learned at a non-square image size cannot be read off '
+            f'its row count: mmlinvit files record it ({POS_GRID_RECORD}); for a file from '
+            f'before the record, or other code, build the model with the image size the grid '
+            f'was learned at (img_size=(H, W)) and add the record: '
+            f'state_dict[{POS_GRID_RECORD!r}] = torch.tensor([rows, cols])')
     if len(grids) > 1:
         raise ValueError(f'pos_embed with {length} rows is ambiguous for {num_reg} register '
                          f'tokens (readings {names}); pass no_embed_class=True or False')

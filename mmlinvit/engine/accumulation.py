@@ -91,7 +91,7 @@ def adapt_to_accumulation(cfg: Config) -> Config:
     max_iters = (cfg.get('train_cfg', None) or {}).get('max_iters', None)
     if max_iters is not None:
         print_log(f'train_cfg.max_iters={max_iters} counts iterations, not optimizer steps: '
-                  f'with accumulative_counts={counts} the run makes {max_iters // counts} '
+                  f'with accumulative_counts={counts} the run makes {-(-max_iters // counts)} '
                   f'optimizer steps, and the param_scheduler begin / end (warm-up, poly decay) '
                   f'and the validation / checkpoint intervals count iterations too. To keep a '
                   f'recipe\'s number of updates while accumulating its batch over {counts} '

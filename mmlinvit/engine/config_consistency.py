@@ -24,7 +24,9 @@ warnings (logged; the run goes on):
   * backbone blocks after the last ``out_indices`` entry that train but never get a gradient.
 Each message names the config key and the fix.
 """
+import importlib
 import logging
+import os
 from typing import Any, Iterator, List, Optional, Tuple
 
 from mmengine.logging import print_log
@@ -74,6 +76,8 @@ def _dataset_class(type_name: Any) -> Optional[type]:
     if not isinstance(type_name, str):
         return type_name if isinstance(type_name, type) else None
     name = _strip_scope(type_name)
+    for package in ('mmseg.datasets', 'mmpretrain.datasets'):  # fill the registries
+        importlib.import_module(package)
     from mmpretrain.registry import DATASETS as CLS_DATASETS
     from mmseg.registry import DATASETS as SEG_DATASETS
     scope = type_name.split('.')[0] if '.' in type_name else None
@@ -97,6 +101,14 @@ def _dataset_classes(dataset: dict) -> Optional[Tuple[int, str]]:
     metainfo = dataset.get('metainfo', None) or {}
     if metainfo.get('classes'):
         return len(metainfo['classes']), 'metainfo.classes'
+    classes = dataset.get('classes', None)  # mmpretrain's argument: names or a file of names
+    if isinstance(classes, (list, tuple)) and classes:
+        return len(classes), 'classes'
+    if isinstance(classes, str):
+        if not os.path.isfile(classes):
+            return None
+        with open(classes) as f:
+            return len([line for line in f if line.strip()]), f'classes file {classes!r}'
     cls = _dataset_class(dataset.get('type'))
     classes = (getattr(cls, 'METAINFO', None) or {}).get('classes') if cls else None
     if classes:
@@ -150,7 +162,7 @@ def _save_best_problem(cfg: Any) -> Optional[str]:
 
 
 #: Label maps read to see whether labels run up to the class count (1-based labels).
-LABEL_SAMPLE = 16
+LABEL_SAMPLE = 32
 
 
 def _max_label(dataset: dict, scope: Optional[str]) -> Optional[int]:
@@ -198,11 +210,14 @@ def _reduce_zero_label_warning(cfg: Any) -> Optional[str]:
     top = _max_label(found[0], cfg.get('default_scope', None))
     if count is not None and top is not None and top >= count[0]:
         return None  # labels run 1..N: 0 is "unlabelled", as reduce_zero_label assumes
-    seen = '' if top is None else f' (the largest label in {LABEL_SAMPLE} of its maps is {top})'
+    seen = ('' if top is None or count is None else
+            f'; no label {count[0]} (the last class when classes are labelled 1..{count[0]}) in '
+            f'{LABEL_SAMPLE} of its label maps, the largest is {top}, as 0-based labels would '
+            f'give')
     return (f'{found[1]}.reduce_zero_label=True on a {cls.__name__} (whose default is False; '
-            f'the ADE20K bases set True){seen}: label 0 is read as "ignore" and every other '
-            f'label moves down by one. Right only when label 0 of your label maps means '
-            f'unlabelled and the classes are labelled 1..N; otherwise set '
+            f'the ADE20K bases set True){seen}. It reads label 0 as "ignore" and moves every '
+            f'other label down by one: right when label 0 means unlabelled and the classes are '
+            f'1..N (ADE20K\'s convention), wrong for 0-based labels, which need '
             f'{found[1]}.reduce_zero_label=False (and in the val / test sets).')
 
 
@@ -244,10 +259,11 @@ def _crop_size_warning(cfg: Any) -> Optional[str]:
     if not crops or any(c == _pair(crop) for _, c in crops):
         return None
     used = ', '.join(f'{w}={c}' for w, c in crops[:2])
-    return (f'the top-level crop_size={tuple(_pair(crop))} is not the training crop ({used}): '
-            f'a variable of a base config is evaluated in the base, so changing it in a child '
-            f'changes nothing. Fix: re-state the RandomCrop of train_pipeline, the data '
-            f'preprocessor size and the slide test_cfg crop_size / stride.')
+    return (f'the top-level crop_size={tuple(_pair(crop))} is not the training crop ({used}). '
+            f'A base\'s variable is evaluated in the base: setting crop_size in a child changes '
+            f'nothing. If the training crop should be {tuple(_pair(crop))}, re-state the '
+            f'RandomCrop of train_pipeline, the data preprocessor size and the slide test_cfg '
+            f'crop_size / stride; if {used} is right, crop_size is a leftover of the base.')
 
 
 def _schedule_warnings(cfg: Any) -> List[str]:

@@ -77,7 +77,7 @@ def test_ema_and_mid_window_checkpoints_are_warned_with_the_fix(tmp_path, toy_ro
     assert 'Checkpoints every 6 iterations fall inside accumulation windows of 4' in text
     max_iters = cfg.train_cfg.max_iters  # iteration-based: k times fewer optimizer steps
     assert (f'train_cfg.max_iters={max_iters} counts iterations, not optimizer steps: with '
-            f'accumulative_counts=4 the run makes {max_iters // 4} optimizer steps') in text
+            f'accumulative_counts=4 the run makes {-(-max_iters // 4)} optimizer steps') in text
     # without accumulation: no warning
     log_messages.clear()
     cfg = toy_config(toy_root, str(tmp_path / 'wd2'), interval=6)

@@ -99,3 +99,17 @@ def test_inherited_settings_that_look_changed_are_warned(tmp_path, toy_root, war
     assert 'top-level crop_size=(640, 640) is not the training crop' in text
     assert 'ends at 160000 but train_cfg.max_iters=12' in text
     assert 'blocks 2-3 run at every step' in text
+
+
+def test_mmpretrain_classes_argument_counts(tmp_path):
+    """An ImageNet subset the mmpretrain way (dataset classes=[...]) with a head of that many
+    classes is right (it was refused against ImageNet's 1000)."""
+    cfg = Config(dict(
+        model=dict(type='ImageClassifier', head=dict(type='LinearClsHead', num_classes=3)),
+        train_dataloader=dict(dataset=dict(type='ImageNet', data_root=str(tmp_path),
+                                           classes=['a', 'b', 'c']))))
+    check_config_consistency(cfg)
+    cfg.model.head.num_classes = 1000
+    with pytest.raises(ConfigConsistencyError, match="has 3 classes \\(classes\\)"):
+        check_config_consistency(cfg)
+
