@@ -224,6 +224,12 @@ def _fix_timm_pos_embed(out: StateDict, report: ConversionReport,
     else:
         names = [n for n, rows in readings.items() if fits(length - rows)]
     grids = {length - readings[n] for n in names}
+    if not names and fits is not _is_square:
+        raise ValueError(
+            f'The checkpoint records a {int(recorded[0])}x{int(recorded[1])} position grid '
+            f'({POS_GRID_RECORD}) but its pos_embed has {length} rows, which is that grid after '
+            f'none of {sorted(set(readings.values()))} prefix rows: the file is inconsistent '
+            f'(pos_embed edited without its record?)')
     if not names:
         raise ValueError(
             f'pos_embed has {length} rows, which is no square grid after '

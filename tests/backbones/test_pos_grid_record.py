@@ -119,3 +119,16 @@ def test_official_square_checkpoints_load_as_before():
     model.load_state_dict(state)
     assert torch.allclose(model.pos_embed[:, 1:], expected(pos[:, 1:], (4, 4), (6, 3)),
                           atol=1e-5)
+
+
+def test_an_inconsistent_record_is_named(tmp_path):
+    """pos_embed resampled by hand to another row count, the record left as it was."""
+    source = vit((4 * PATCH, 8 * PATCH))
+    state = source.state_dict()
+    state['pos_embed'] = state['pos_embed'][:, :1 + 24]  # 24 rows, the record says 4x8
+    path = str(tmp_path / 'edited.pth')
+    torch.save(state, path)
+    with pytest.raises(ValueError, match='records a 4x8 position grid.*inconsistent'):
+        load_pretrained(vit(6 * PATCH), path)
+    with pytest.raises(ValueError, match='inconsistent'):
+        vit(6 * PATCH).load_state_dict(state)

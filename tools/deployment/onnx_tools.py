@@ -91,14 +91,18 @@ def load_weights(module: nn.Module, path: str, where: str,
     """
     from mmlinvit.backbones import VisionTransformer
     from mmlinvit.converters import load_checkpoint_file
+    from mmlinvit.engine.checkpoint_coverage import optional_model_keys
     state = load_checkpoint_file(path, trust_checkpoint=trust_checkpoint)
     own = set(module.state_dict().keys())
+    # keys a checkpoint may lack (training records of files from before them, a mask token):
+    # they keep the module's own values, as on every other loading path
+    optional = optional_model_keys(module)
     candidates = ['', 'backbone.', 'student.', 'student.backbone.', 'teacher.',
                   'teacher.backbone.', 'model.']
     best: Optional[Tuple[int, str, List[str], List[str]]] = None
     for prefix in candidates:
         sub = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
-        missing = sorted(own - set(sub))
+        missing = sorted(own - set(sub) - optional)
         unexpected = sorted(set(sub) - own) if prefix == '' else []
         if not missing and not unexpected:
             own_state = module.state_dict()
@@ -108,7 +112,7 @@ def load_weights(module: nn.Module, path: str, where: str,
                 raise ValueError(f'{path} has the keys of the {where} but other shapes '
                                  f'(checkpoint vs model; another size or config?): '
                                  f'{shapes[:6]}{"..." if len(shapes) > 6 else ""}')
-            module.load_state_dict(sub, strict=True)
+            module.load_state_dict(sub, strict=False)  # only optional keys may be absent
             return prefix
         score = len(missing) + len(unexpected)
         if best is None or score < best[0]:
