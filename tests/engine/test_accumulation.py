@@ -2,18 +2,16 @@
 ``auto_scale_lr`` scales by the effective batch, the EMA momentum and mid-window checkpoints
 are warned about with the fix, and ``--amp`` without a device fails before anything is built.
 """
-import logging
 import os.path as osp
 
 import pytest
 import torch
-from mmengine.logging import MMLogger
 from mmengine.model import ExponentialMovingAverage
 
 from mmlinvit.engine.accumulation import adapt_to_accumulation, ema_momentum_per_iteration
 from mmlinvit.engine.launch import build_runner
 
-from train_testing import dump, load_tool, make_toy_scenes, toy_config
+from train_testing import captured_log, dump, load_tool, make_toy_scenes, toy_config
 
 pytestmark = pytest.mark.usefixtures('one_thread')
 
@@ -23,23 +21,10 @@ def toy_root(tmp_path_factory) -> str:
     return make_toy_scenes(str(tmp_path_factory.mktemp('toy') / 'toy_ade'))
 
 
-class _Capture(logging.Handler):
-
-    def __init__(self):
-        super().__init__()
-        self.messages = []
-
-    def emit(self, record):
-        self.messages.append(record.getMessage())
-
-
 @pytest.fixture
 def log_messages():
-    logger = MMLogger.get_current_instance()
-    handler = _Capture()
-    logger.addHandler(handler)
-    yield handler.messages
-    logger.removeHandler(handler)
+    with captured_log() as messages:
+        yield messages
 
 
 @pytest.mark.parametrize('counts', [1, 8])

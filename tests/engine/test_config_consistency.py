@@ -4,13 +4,12 @@ import logging
 
 import pytest
 from mmengine.config import Config
-from mmengine.logging import MMLogger
 
 from mmlinvit.engine.config_consistency import (ConfigConsistencyError,
                                                 check_config_consistency)
 from mmlinvit.engine.launch import build_runner
 
-from train_testing import make_toy_scenes, toy_config
+from train_testing import captured_log, make_toy_scenes, toy_config
 
 pytestmark = pytest.mark.usefixtures('one_thread')
 
@@ -20,23 +19,10 @@ def toy_root(tmp_path_factory) -> str:
     return make_toy_scenes(str(tmp_path_factory.mktemp('toy') / 'toy_ade'))
 
 
-class _Capture(logging.Handler):
-
-    def __init__(self):
-        super().__init__(level=logging.WARNING)
-        self.messages = []
-
-    def emit(self, record):
-        self.messages.append(record.getMessage())
-
-
 @pytest.fixture
 def warnings_logged():
-    logger = MMLogger.get_current_instance()
-    handler = _Capture()
-    logger.addHandler(handler)
-    yield handler.messages
-    logger.removeHandler(handler)
+    with captured_log(logging.WARNING) as messages:
+        yield messages
 
 
 def classes(cfg: Config) -> int:

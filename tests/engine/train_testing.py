@@ -4,13 +4,15 @@ through tools/train.py, with hooks that record losses, stop a run, or poison a w
 The hooks are registered in mmengine's root HOOKS registry; runs in other processes (torchrun)
 import this module through ``custom_imports`` (``tests/engine`` on ``PYTHONPATH``).
 """
+import contextlib
 import importlib.util
 import json
+import logging
 import math
 import os
 import os.path as osp
 import zlib
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Iterator, List, Optional, Sequence
 
 import torch
 from mmengine.config import Config
@@ -23,6 +25,29 @@ REPO = osp.dirname(osp.dirname(HERE))
 #: The demo's softmax teacher: mmseg EncoderDecoder (ViT + UPerNet) with RandomResize /
 #: RandomCrop / RandomFlip in its training pipeline.
 DEMO_TEACHER = osp.join(REPO, 'configs', 'demo', 'upernet_vit-tiny-softmax_1xb8-300it_toy-64x64.py')
+
+
+class _Capture(logging.Handler):
+
+    def __init__(self, level: int) -> None:
+        super().__init__(level=level)
+        self.messages: List[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@contextlib.contextmanager
+def captured_log(level: int = logging.NOTSET) -> Iterator[List[str]]:
+    """The messages the current MMLogger emits at ``level`` or above inside the block."""
+    from mmengine.logging import MMLogger
+    logger = MMLogger.get_current_instance()
+    handler = _Capture(level)
+    logger.addHandler(handler)
+    try:
+        yield handler.messages
+    finally:
+        logger.removeHandler(handler)
 
 
 def load_tool(name: str):
