@@ -41,12 +41,12 @@ class ConfigConsistencyError(PreflightError, ValueError):
 #: Metric names each evaluator reports, by evaluator type (scope removed).
 def _metric_keys(evaluator: dict) -> Optional[List[str]]:
     kind = _strip_scope(evaluator.get('type'))
-    if kind == 'IoUMetric':
-        keys = ['aAcc', 'mAcc']
+    if kind == 'IoUMetric':  # mmseg's total_area_to_metrics: what each metric adds
+        adds = {'mIoU': ['mIoU', 'mAcc'], 'mDice': ['mDice', 'mAcc'],
+                'mFscore': ['mFscore', 'mPrecision', 'mRecall']}
+        keys = ['aAcc']
         for metric in evaluator.get('iou_metrics', ['mIoU']):
-            keys.append(metric)
-            if metric == 'mFscore':
-                keys += ['mPrecision', 'mRecall']
+            keys += [k for k in adds.get(metric, [metric]) if k not in keys]
         return keys
     if kind == 'CityscapesMetric':
         return None  # format_only / external keys
@@ -154,7 +154,7 @@ def _save_best_problem(cfg: Any) -> Optional[str]:
     missing = [k for k in wanted if k not in keys and k.split('/')[-1] not in keys]
     if not missing:
         return None
-    suggestion = keys[2] if len(keys) > 2 else keys[0]
+    suggestion = keys[1] if len(keys) > 1 else keys[0]
     return (f'default_hooks.checkpoint.save_best={save_best!r} names {missing}, which '
             f'val_evaluator ({_strip_scope(evaluator.get("type"))}) does not report (it reports '
             f'{keys}): the run would stop with KeyError at the first validation. Fix: '
@@ -208,10 +208,9 @@ def _reduce_zero_label_warning(cfg: Any) -> Optional[str]:
         return None
     count = _dataset_classes(found[0])
     top = _max_label(found[0], cfg.get('default_scope', None))
-    if count is not None and top is not None and top >= count[0]:
-        return None  # labels run 1..N: 0 is "unlabelled", as reduce_zero_label assumes
-    seen = ('' if top is None or count is None else
-            f'; no label {count[0]} (the last class when classes are labelled 1..{count[0]}) in '
+    if count is None or top is None or top >= count[0]:
+        return None  # no label maps to read, or labels run 1..N as reduce_zero_label assumes
+    seen = (f'; no label {count[0]} (the last class when classes are labelled 1..{count[0]}) in '
             f'{LABEL_SAMPLE} of its label maps, the largest is {top}, as 0-based labels would '
             f'give')
     return (f'{found[1]}.reduce_zero_label=True on a {cls.__name__} (whose default is False; '

@@ -99,3 +99,16 @@ def test_mmpretrain_classes_argument_counts(tmp_path):
     with pytest.raises(ConfigConsistencyError, match="has 3 classes \\(classes\\)"):
         check_config_consistency(cfg)
 
+
+
+def test_save_best_keys_follow_the_metrics():
+    """mmseg's IoUMetric adds mAcc with mIoU / mDice only; mFscore adds mPrecision / mRecall."""
+    from mmlinvit.engine.config_consistency import _save_best_problem
+    cfg = Config(dict(default_hooks=dict(checkpoint=dict(save_best='mAcc')),
+                      val_evaluator=dict(type='IoUMetric', iou_metrics=['mFscore'])))
+    assert "names ['mAcc']" in _save_best_problem(cfg)
+    cfg.default_hooks.checkpoint.save_best = 'mRecall'
+    assert _save_best_problem(cfg) is None
+    cfg.val_evaluator.iou_metrics = ['mDice']
+    cfg.default_hooks.checkpoint.save_best = 'mAcc'
+    assert _save_best_problem(cfg) is None
