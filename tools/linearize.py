@@ -31,7 +31,7 @@ from mmlinvit.backbones import VisionTransformer
 from mmlinvit.backbones.arch_zoo import VIT_FAMILIES, VIT_SIZES
 from mmlinvit.backbones.operator_setting import declared_setting
 from mmlinvit.layers.attention import ATTENTION_OPERATORS
-from mmlinvit.layers.pos_embed import POS_GRID_RECORD, checkpoint_pos_grid
+from mmlinvit.layers.pos_embed import checkpoint_pos_grid, recorded_pos_grid
 from mmlinvit.backbones.training_record import (MLP_ACT_RECORD, TrainingRecordMismatchError,
                                                 decode_names)
 from mmlinvit.converters import check_state_dict_fits, layout_names, read_checkpoint
@@ -175,7 +175,7 @@ def teacher_structure(state_dict: Dict[str, torch.Tensor]) -> Dict[str, Any]:
         structure['patch_size'] = int(patch.shape[-1])
         if 'pos_embed' in state_dict:  # the resolution the checkpoint's grid was learned at
             n_patches = state_dict['pos_embed'].shape[1] - int(structure['with_cls_token'])
-            rows, cols = checkpoint_pos_grid(n_patches, state_dict.get(POS_GRID_RECORD))
+            rows, cols = checkpoint_pos_grid(n_patches, recorded_pos_grid(state_dict))
             size = (rows * structure['patch_size'], cols * structure['patch_size'])
             structure['img_size'] = size[0] if rows == cols else size
     return structure

@@ -25,7 +25,8 @@ from typing import Dict, Optional, Sequence, Tuple, Union
 import torch
 import torch.nn as nn
 
-from mmlinvit.layers.pos_embed import POS_GRID_RECORD, checkpoint_pos_grid, resample_pos_grid
+from mmlinvit.layers.pos_embed import (POS_GRID_RECORD, checkpoint_pos_grid, recorded_pos_grid,
+                                      resample_pos_grid)
 from mmlinvit.ops.graph_capture import capturing_graph
 from .checkpointing import run_block
 from .outputs import check_output_setting, combine_outputs, format_tokens, resolve_out_indices
@@ -183,13 +184,13 @@ class TokenBackbone(nn.Module):
         return pos[:, before:pos.shape[1] - after]
 
     def checkpoint_grid(self, pos: torch.Tensor,
-                        recorded: Optional[torch.Tensor] = None) -> Tuple[int, int]:
+                        recorded: Optional[Tuple[int, int]] = None) -> Tuple[int, int]:
         """The (rows, cols) grid of a checkpoint's (1, rows, C) ``pos_embed``.
 
         Args:
             pos: Position embedding of a checkpoint.
-            recorded: The checkpoint's ``pos_embed_grid`` record, if any; without it the grid
-                must be square (see :func:`~mmlinvit.layers.pos_embed.checkpoint_pos_grid`).
+            recorded: The grid the checkpoint records (``pos_embed_grid``), if any; without
+                it the grid must be square (see :func:`~mmlinvit.layers.pos_embed.checkpoint_pos_grid`).
 
         Returns:
             ``(rows, cols)``.
@@ -197,15 +198,15 @@ class TokenBackbone(nn.Module):
         return checkpoint_pos_grid(self.patch_rows(pos).shape[1], recorded)
 
     def resample_pos_embed(self, pos: torch.Tensor,
-                           recorded: Optional[torch.Tensor] = None) -> torch.Tensor:
+                           recorded: Optional[Tuple[int, int]] = None) -> torch.Tensor:
         """A (1, rows, C) position embedding of another grid, resampled to ``pos_grid``.
 
         Class rows are kept; the grid is resampled with ``pos_interp``.
 
         Args:
             pos: Position embedding of a checkpoint.
-            recorded: The checkpoint's ``pos_embed_grid`` record (its grid's rows and cols);
-                without it the grid must be square.
+            recorded: The (rows, cols) the checkpoint records (``pos_embed_grid``); without
+                it the grid must be square.
 
         Returns:
             The embedding on this model's grid.
@@ -216,7 +217,7 @@ class TokenBackbone(nn.Module):
         return torch.cat([pos[:, :before], patches, pos[:, pos.shape[1] - after:]], dim=1)
 
     def pos_embed_loads(self, pos: torch.Tensor,
-                        recorded: Optional[torch.Tensor] = None) -> bool:
+                        recorded: Optional[Tuple[int, int]] = None) -> bool:
         """Whether a checkpoint ``pos_embed`` of another shape is a grid this model resamples:
         (1, extra rows + rows * cols, embed_dims), with (rows, cols) from ``recorded`` (the
         checkpoint's ``pos_embed_grid``) or a square grid without it."""
@@ -225,8 +226,7 @@ class TokenBackbone(nn.Module):
                 and pos.shape[-1] == self.embed_dims and n > 0):
             return False
         if recorded is not None:
-            rows, cols = (int(v) for v in recorded.reshape(-1).tolist())
-            return rows * cols == n
+            return recorded[0] * recorded[1] == n
         return int(n**0.5 + 0.5)**2 == n
 
     # ------------------------------------------------------------------ training records
@@ -279,17 +279,15 @@ class TokenBackbone(nn.Module):
         if self.pos_embed is None or key not in state_dict:
             return
         ckpt = state_dict[key]
-        recorded = state_dict.get(prefix + POS_GRID_RECORD)
-        if recorded is not None and tuple(recorded.shape) != (2, ):
-            recorded = None
-        same_grid = recorded is None or tuple(int(v) for v in recorded) == tuple(self.pos_grid)
+        recorded = recorded_pos_grid(state_dict, prefix)
+        same_grid = recorded is None or recorded == tuple(self.pos_grid)
         if ((ckpt.shape == self.pos_embed.shape and same_grid) or ckpt.ndim != 3
                 or ckpt.shape[-1] != self.embed_dims):
             return
         state_dict[key] = self._load_other_grid(ckpt, recorded)
 
     def _load_other_grid(self, pos: torch.Tensor,
-                         recorded: Optional[torch.Tensor] = None) -> torch.Tensor:
+                         recorded: Optional[Tuple[int, int]] = None) -> torch.Tensor:
         """What ``load_state_dict`` loads for a checkpoint grid of another size (or shape:
         ``recorded`` is the checkpoint's ``pos_embed_grid``): by default the grid resampled to
         the model grid (the parameter is kept)."""

@@ -21,18 +21,9 @@ import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
+from mmlinvit.layers.checkpointing import checkpoint_active
 
-def checkpoint_active(block: nn.Module, x: torch.Tensor, with_cp: bool) -> bool:
-    """Whether ``block(x, ...)`` should run under activation checkpointing.
-
-    Args:
-        block: The block about to run.
-        x: Its token input.
-        with_cp: The backbone's ``with_cp`` switch.
-    """
-    if not (with_cp and block.training and torch.is_grad_enabled()):
-        return False
-    return x.requires_grad or any(p.requires_grad for p in block.parameters())
+__all__ = ['checkpoint_active', 'run_block']
 
 
 def run_block(block: nn.Module, x: torch.Tensor, *args: Any, with_cp: bool = False) -> Any:

@@ -22,7 +22,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 import torch
 
 from mmlinvit.utils import NameRegistry
-from mmlinvit.layers.pos_embed import POS_GRID_RECORD
+from mmlinvit.layers.pos_embed import POS_GRID_RECORD, recorded_pos_grid
 from .report import ConversionReport
 
 StateDict = Dict[str, torch.Tensor]
@@ -203,9 +203,9 @@ def _fix_timm_pos_embed(out: StateDict, report: ConversionReport,
     has_cls = 'cls_token' in out
     num_reg = out['reg_token'].shape[1] if 'reg_token' in out else 0
     length = pos.shape[1]
-    recorded = out.get(POS_GRID_RECORD)  # mmlinvit files: the grid's (rows, cols)
-    if recorded is not None and tuple(recorded.shape) == (2, ):
-        count = int(recorded[0]) * int(recorded[1])
+    recorded = recorded_pos_grid(out)  # mmlinvit files: the grid's (rows, cols)
+    if recorded is not None:
+        count = recorded[0] * recorded[1]
 
         def fits(n: int) -> bool:
             return n == count
@@ -226,7 +226,7 @@ def _fix_timm_pos_embed(out: StateDict, report: ConversionReport,
     grids = {length - readings[n] for n in names}
     if not names and fits is not _is_square:
         raise ValueError(
-            f'The checkpoint records a {int(recorded[0])}x{int(recorded[1])} position grid '
+            f'The checkpoint records a {recorded[0]}x{recorded[1]} position grid '
             f'({POS_GRID_RECORD}) but its pos_embed has {length} rows, which is that grid after '
             f'none of {sorted(set(readings.values()))} prefix rows: the file is inconsistent '
             f'(pos_embed edited without its record?)')

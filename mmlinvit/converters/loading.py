@@ -13,7 +13,7 @@ import torch.nn as nn
 
 from mmlinvit.backbones.base import TokenBackbone
 from mmlinvit.backbones.training_record import MLP_ACT_RECORD, decode_names, encode_names
-from mmlinvit.layers.pos_embed import POS_GRID_RECORD
+from mmlinvit.layers.pos_embed import POS_GRID_RECORD, recorded_pos_grid
 from .checkpoint_file import ZIP_MAGIC, CheckpointFileError, checkpoint_file_problem
 from .layouts import (ADVENTURER_BLOCK_KEY, CHECKPOINT_LAYOUTS, ConversionResult, StateDict,
                       detect_layout, select_backbone)
@@ -311,7 +311,7 @@ def check_state_dict_fits(model: nn.Module,
             continue
         own = expected[key]
         if (key == 'pos_embed' and isinstance(model, TokenBackbone)
-                and model.pos_embed_loads(value, _grid_record(state_dict))):
+                and model.pos_embed_loads(value, recorded_pos_grid(state_dict))):
             continue
         if tuple(value.shape) != tuple(own.shape):
             mismatched.append(f'{key}: checkpoint {tuple(value.shape)} vs model '
@@ -387,12 +387,6 @@ def _pos_interp_note(model: nn.Module) -> str:
             f'{getattr(model, "pos_grid", "?")})')
 
 
-def _grid_record(state_dict: Mapping[str, torch.Tensor]) -> Optional[torch.Tensor]:
-    """A canonical state dict's ``pos_embed_grid`` record, if it has a well-formed one."""
-    recorded = state_dict.get(POS_GRID_RECORD)
-    return recorded if recorded is not None and tuple(recorded.shape) == (2, ) else None
-
-
 def _fit_pos_grid(model: nn.Module, state_dict: Dict[str, torch.Tensor],
                   report: ConversionReport) -> None:
     """Resamples a checkpoint position grid of another size to a backbone's grid, in place of
@@ -400,9 +394,8 @@ def _fit_pos_grid(model: nn.Module, state_dict: Dict[str, torch.Tensor],
     pos = state_dict.get('pos_embed')
     if not isinstance(model, TokenBackbone) or pos is None or model.pos_embed is None:
         return
-    recorded = _grid_record(state_dict)
-    if pos.shape == model.pos_embed.shape and (
-            recorded is None or tuple(int(v) for v in recorded) == tuple(model.pos_grid)):
+    recorded = recorded_pos_grid(state_dict)
+    if pos.shape == model.pos_embed.shape and recorded in (None, tuple(model.pos_grid)):
         return
     src = model.checkpoint_grid(pos, recorded)
     state_dict['pos_embed'] = model.resample_pos_embed(pos, recorded)

@@ -15,6 +15,7 @@ import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
+from mmlinvit.layers.checkpointing import checkpoint_active
 from mmlinvit.layers.patch_embed import patch_grid
 from .errors import DistillationConfigError
 from .recorders import ModuleInputsRecorder, ModuleRecorder, module_exists
@@ -34,15 +35,6 @@ def count_blocks(model: nn.Module, template: str) -> int:
     while module_exists(model, template.format(i=count)):
         count += 1
     return count
-
-
-def _checkpointed(block: nn.Module, x: torch.Tensor, with_cp: bool) -> bool:
-    """Whether a student block's teacher-forced attention runs under activation
-    checkpointing: the backbone's ``with_cp`` while training with gradients, as its own
-    blocks (:func:`mmlinvit.backbones.checkpointing.checkpoint_active`)."""
-    if not (with_cp and block.training and torch.is_grad_enabled()):
-        return False
-    return x.requires_grad or any(p.requires_grad for p in block.parameters())
 
 
 class TeacherForcing:
@@ -177,7 +169,7 @@ class TeacherForcing:
         for idx, x in zip(recorder.indices, block_inputs):
             block = student.get_submodule(f'{self.blocks}.{idx}')
             try:
-                if _checkpointed(block, x, getattr(student, 'with_cp', False)):
+                if checkpoint_active(block, x, getattr(student, 'with_cp', False)):
                     # with_cp: the block's attention activations are recomputed in backward
                     checkpoint(block.forward_attn, x, hw_shape, student.num_prefix_tokens,
                                with_layer_scale=self.with_layer_scale, use_reentrant=False)

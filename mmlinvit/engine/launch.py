@@ -26,7 +26,7 @@ from mmlinvit.config_scopes import register_config_scopes
 from mmlinvit.converters.checkpoint_file import check_checkpoint_file
 
 from .accumulation import adapt_to_accumulation, check_amp_device
-from .preflight import check_inputs, clear_checkpoints
+from .preflight import _strip_scope, check_inputs, clear_checkpoints
 from .resume import check_resume_or_load_from, resume_randomness
 
 #: ``--launcher`` choices (mmengine's).
@@ -382,14 +382,10 @@ def enable_tta(cfg: Config) -> None:
         module['data_preprocessor'] = top
     cfg.test_dataloader.dataset.pipeline = cfg.tta_pipeline
     cfg.model = dict(cfg.tta_model, module=module, data_preprocessor=None)
-    print_log(f'--tta: evaluating {_strip_type(module)} through {_strip_type(cfg.tta_model)} '
+    print_log(f'--tta: evaluating {_strip_scope(module.get("type"))} through '
+              f'{_strip_scope(cfg.tta_model.get("type"))} '
               f'with the tta_pipeline ({len(cfg.tta_pipeline)} transforms)', logger='current',
               level=logging.INFO)
-
-
-def _strip_type(node: Any) -> str:
-    kind = node.get('type', '?') if isinstance(node, dict) else type(node).__name__
-    return str(kind).split('.')[-1]
 
 
 def init_cpu_distributed(launcher: str) -> None:

@@ -1,6 +1,6 @@
 """Position embeddings: family-specific resampling of learned grids and 2-D sin-cos."""
 import math
-from typing import Optional, Tuple
+from typing import Any, Mapping, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -91,13 +91,24 @@ def sincos_pos_embed_2d(hw_shape: Tuple[int, int], dims: int, temperature: float
 POS_GRID_RECORD = 'pos_embed_grid'
 
 
+def recorded_pos_grid(state_dict: Mapping[str, Any], prefix: str = ''
+                      ) -> Optional[Tuple[int, int]]:
+    """The (rows, cols) a state dict records for its position grid (``prefix`` +
+    :data:`POS_GRID_RECORD`), or ``None`` when it has no well-formed record."""
+    value = state_dict.get(prefix + POS_GRID_RECORD)
+    if not isinstance(value, torch.Tensor) or value.numel() != 2:
+        return None
+    rows, cols = (int(v) for v in value.reshape(-1).tolist())
+    return rows, cols
+
+
 def checkpoint_pos_grid(num_patches: int,
-                        recorded: Optional[torch.Tensor] = None) -> Tuple[int, int]:
+                        recorded: Optional[Tuple[int, int]] = None) -> Tuple[int, int]:
     """The (rows, cols) grid of the ``num_patches`` patch rows of a checkpoint ``pos_embed``.
 
     Args:
         num_patches: Number of patch positions (class / register rows excluded).
-        recorded: The checkpoint's :data:`POS_GRID_RECORD` entry, if it has one (mmlinvit
+        recorded: The grid the checkpoint records (:func:`recorded_pos_grid`: mmlinvit
             files); without it the grid must be square (official releases are).
 
     Returns:
@@ -108,7 +119,7 @@ def checkpoint_pos_grid(num_patches: int,
             count or a grid without record is not square.
     """
     if recorded is not None:
-        rows, cols = (int(v) for v in recorded.reshape(-1).tolist())
+        rows, cols = recorded
         if rows * cols != num_patches:
             raise ValueError(f'The checkpoint records a {rows}x{cols} position grid '
                              f'({POS_GRID_RECORD}) but its pos_embed has {num_patches} patch '

@@ -21,7 +21,7 @@ import torch.nn as nn
 from mmlinvit.backbones import VisionTransformer
 from mmlinvit.backbones.vit import operator_name as block_operator_name
 from mmlinvit.backbones.training_record import MLP_ACT_RECORD, decode_names
-from mmlinvit.layers.pos_embed import POS_GRID_RECORD, checkpoint_pos_grid, resample_pos_grid
+from mmlinvit.layers.pos_embed import checkpoint_pos_grid, recorded_pos_grid, resample_pos_grid
 from mmlinvit.utils import NameRegistry
 
 #: Registered weight-transfer strategies (snake_case names and the papers' CamelCase aliases).
@@ -261,18 +261,17 @@ def _check_same_act(student: VisionTransformer, teacher: TeacherLike) -> None:
                          f'act={theirs!r}.')
 
 
-def _teacher_grid_record(teacher: TeacherLike) -> Optional[torch.Tensor]:
+def _teacher_grid(teacher: TeacherLike) -> Optional[Tuple[int, int]]:
     """The (rows, cols) of the teacher's position grid when it is known: a backbone's own
     grid, a state dict's ``pos_embed_grid`` record (mmlinvit files); ``None`` otherwise."""
     if isinstance(teacher, VisionTransformer):
-        return torch.tensor(tuple(teacher.pos_grid))
-    recorded = teacher.get(POS_GRID_RECORD) if isinstance(teacher, Mapping) else None
-    return recorded if isinstance(recorded, torch.Tensor) and recorded.numel() == 2 else None
+        return tuple(teacher.pos_grid)
+    return recorded_pos_grid(teacher) if isinstance(teacher, Mapping) else None
 
 
 def _adapt_pos_embed(teacher_pos: torch.Tensor, teacher_has_cls: bool,
                      student: VisionTransformer,
-                     teacher_grid: Optional[torch.Tensor] = None
+                     teacher_grid: Optional[Tuple[int, int]] = None
                      ) -> Tuple[Optional[torch.Tensor], str]:
     """Teacher ``pos_embed`` reshaped for the student (or ``None``), and what was done;
     ``teacher_grid`` is the teacher grid's (rows, cols) when known (else it must be square)."""
@@ -325,10 +324,8 @@ def pair_state_dicts(student: VisionTransformer, teacher: TeacherLike
             no_counterpart.add(key)
             continue
         target_shape = student_state[key].shape
-        teacher_grid = _teacher_grid_record(teacher) if key == 'pos_embed' else None
-        if value.shape == target_shape and (
-                teacher_grid is None
-                or tuple(int(v) for v in teacher_grid) == tuple(student.pos_grid)):
+        teacher_grid = _teacher_grid(teacher) if key == 'pos_embed' else None
+        if value.shape == target_shape and teacher_grid in (None, tuple(student.pos_grid)):
             counterparts[key] = value
             continue
         if key == 'pos_embed':
