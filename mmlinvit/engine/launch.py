@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 from mmengine.config import Config, ConfigDict, DictAction
-from mmengine.logging import print_log
+from mmengine.logging import MMLogger, print_log
 from mmengine.runner import Runner
 
 from mmlinvit.config_scopes import register_config_scopes
@@ -66,7 +66,32 @@ def parse_launch_args(parser: argparse.ArgumentParser,
                      f'--launcher pytorch (bash tools/dist_train.sh CONFIG N does).')
     if 'LOCAL_RANK' not in os.environ:
         os.environ['LOCAL_RANK'] = str(args.local_rank)
+    if args.launcher != 'none' and _launcher_rank(args.launcher) > 0:
+        _quiet_before_runner()
     return args
+
+
+# where each launcher puts the process's global rank before the process group exists
+_RANK_VARIABLES = {'pytorch': 'RANK', 'slurm': 'SLURM_PROCID', 'mpi': 'OMPI_COMM_WORLD_RANK'}
+
+
+def _launcher_rank(launcher: str) -> int:
+    """The global rank the launcher gave this process (0 when it names none)."""
+    value = os.environ.get(_RANK_VARIABLES.get(launcher, 'RANK'), '0')
+    return int(value) if value.isdigit() else 0
+
+
+def _quiet_before_runner() -> None:
+    """Shows only errors of the current MMLogger on a rank other than 0 until the runner exists.
+
+    The config and data checks run before the process group and the runner's logger do, so
+    mmengine cannot tell the ranks apart yet: each of N processes printed every check and
+    warning.  The runner's own logger then does the same as this (rank > 0: errors only).
+    """
+    for handler in MMLogger.get_current_instance().handlers:
+        if isinstance(handler, logging.StreamHandler) and not isinstance(handler,
+                                                                         logging.FileHandler):
+            handler.setLevel(logging.ERROR)
 
 
 def load_config(path: str, cfg_options: Optional[dict] = None) -> Config:

@@ -186,6 +186,10 @@ def test_dist_train_and_test_two_processes_gloo(tmp_path, ade_root):
     assert 'Distributed training: True' in log
     assert re.search(r'(GPU number|world_size)\W+2', log)
     assert 'mIoU' in log  # distributed validation gathered the results
+    # the checks before the runner print once, not once per process
+    checks = [line[line.index('Data check:'):] for line in proc.stdout.splitlines()
+              if 'Data check:' in line]
+    assert checks and len(checks) == len(set(checks)), checks
 
     env['PORT'] = str(_free_port())
     proc = run_multiprocess(
