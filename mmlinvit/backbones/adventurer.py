@@ -388,7 +388,8 @@ class Adventurer(TokenBackbone):
         """Initialisation of the public code.
 
         Tokens and position embeddings: truncated normal (std 0.02).  Patch projection:
-        LeCun normal (std sqrt(1 / fan_in), truncated at 2 std), zero bias.  Linear layers:
+        LeCun normal as timm's ``lecun_normal_`` (a normal truncated at 2 of its std, that std
+        raised by 1 / 0.8796 so that the truncated weights have std sqrt(1 / fan_in)), zero bias.  Linear layers:
         PyTorch default weights, zero biases; every ``mixer.out_proj.weight`` divided by
         sqrt(depth) (prenorm residual rescaling).  Mamba-2 parameters: see
         :class:`~mmlinvit.layers.mamba2.Mamba2Mixer`.
@@ -398,7 +399,8 @@ class Adventurer(TokenBackbone):
                 nn.init.trunc_normal_(p, std=0.02)
         proj = self.patch_embed.proj
         fan_in = proj.in_channels * proj.kernel_size[0] * proj.kernel_size[1]
-        std = fan_in**-0.5
+        # 0.8796 = std of a standard normal truncated to (-2, 2)
+        std = fan_in**-0.5 / 0.87962566103423978
         nn.init.trunc_normal_(proj.weight, std=std, a=-2 * std, b=2 * std)
         if proj.bias is not None:
             nn.init.zeros_(proj.bias)

@@ -268,6 +268,22 @@ def test_drop_path_and_init():
         assert blk.mlp.w1.bias.abs().sum() == 0
 
 
+def test_patch_projection_init_is_lecun_normal():
+    """The public code initialises the patch projection with timm's ``lecun_normal_``: the
+    weights' std is sqrt(1 / fan_in) after truncation (0.88x of it when the truncated normal's
+    std is not corrected)."""
+    from timm.layers import lecun_normal_
+    torch.manual_seed(0)
+    model = tiny(arch=dict(TINY, embed_dims=256), patch_size=16)
+    ours = model.patch_embed.proj.weight
+    official = torch.empty_like(ours)
+    lecun_normal_(official)
+    target = (3 * 16 * 16)**-0.5
+    assert ours.std().item() == pytest.approx(target, rel=0.02)
+    assert official.std().item() == pytest.approx(target, rel=0.02)
+    assert ours.abs().max().item() <= 2 * target / 0.87962566103423978 + 1e-6
+
+
 def test_frozen_stages():
     model = tiny(frozen_stages=2)
     model.train()

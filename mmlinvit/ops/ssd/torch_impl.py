@@ -71,10 +71,11 @@ def _cumsum_differences(log_decay: torch.Tensor, inplace: bool,
     caller's :func:`_split_cumsum` of ``log_decay``, if it has it.
     """
     _, hi, lo = _split_cumsum(log_decay) if split is None else split
+    # both forms round ((hi_i - hi_j) + lo_i) - lo_j in this order: the same bits
     if inplace:
         diff = torch.sub(hi.unsqueeze(-1), hi.unsqueeze(-2), out=out)
         return diff.add_(lo.unsqueeze(-1)).sub_(lo.unsqueeze(-2))
-    return (hi.unsqueeze(-1) - hi.unsqueeze(-2)) + (lo.unsqueeze(-1) - lo.unsqueeze(-2))
+    return hi.unsqueeze(-1) - hi.unsqueeze(-2) + lo.unsqueeze(-1) - lo.unsqueeze(-2)
 
 
 def segment_sums(log_decay: torch.Tensor) -> torch.Tensor:
