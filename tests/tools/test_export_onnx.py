@@ -103,6 +103,14 @@ def test_student_segmentor_exports_whole_and_matches(tmp_path):
     assert meta['bgr_to_rgb'] is True and meta['pad_to_multiple'] == 8
     assert 'LoadImageFromFile' in meta['prepare'] and 'RGB' in meta['prepare']
 
+    # an odd patch grid (9 x 9): the neck's covering 0.5x level exports too
+    info = _tool().main([str(ROOT / STUDENT_SEG), str(ckpt), '--out', str(out), '--shape', '72',
+                         '72'])
+    images = torch.randn(1, 3, 72, 72)
+    with torch.no_grad():
+        ref = [model(images, None, mode='tensor')]
+    assert _max_err(_onnx_outputs(out, images), ref) < 1e-4
+
 
 def test_softmax_teacher_of_a_distillation_config(tmp_path):
     # The teacher's own checkpoint in the canonical layout (what convert_checkpoint.py writes).

@@ -1,4 +1,5 @@
-# Mask2Former on a plain ViT: Feature2Pyramid (4x, 2x, 1x, 0.5x) -> mmseg's Mask2FormerHead,
+# Mask2Former on a plain ViT: mmseg's Feature2Pyramid (4x, 2x, 1x, 0.5x; mmlinvit's variant, whose
+# 0.5x level also covers odd patch grids such as 518 / 14 = 37) -> mmseg's Mask2FormerHead,
 # whose pixel decoder is mmdet's MSDeformAttnPixelDecoder and whose losses, assigner and
 # sampler come from mmdet (the `mmdet.` prefixes import mmdet; mmseg's head subclasses
 # mmdet's Mask2FormerHead when mmdet is importable - tests check that it is).
@@ -33,7 +34,10 @@ model = dict(
         drop_path_rate=0.1,
         pretrained=None),
     neck=dict(
-        type='Feature2Pyramid', embed_dim=embed_dims, rescales=[4, 2, 1, 0.5], norm_cfg=norm_cfg),
+        type='mmlinvit.FullGridFeature2Pyramid',
+        embed_dim=embed_dims,
+        rescales=[4, 2, 1, 0.5],
+        norm_cfg=norm_cfg),
     decode_head=dict(
         type='Mask2FormerHead',
         in_channels=[embed_dims] * 4,

@@ -1,5 +1,6 @@
 # UPerNet on a plain ViT: the backbone returns 4 block outputs at stride 16 (out_type='featmap'),
-# mmseg's Feature2Pyramid rescales them by 4x, 2x, 1x, 0.5x (strides 4, 8, 16, 32) for UPerHead.
+# mmseg's Feature2Pyramid rescales them by 4x, 2x, 1x, 0.5x (strides 4, 8, 16, 32) for UPerHead
+# (mmlinvit's variant: the same on even patch grids, its 0.5x level also covers odd ones).
 # Any mmlinvit ViT backbone fits (softmax teacher or linearized student: change `type` and
 # `attn_cfg`); position embeddings are resampled to the input grid on every forward.
 norm_cfg = dict(type='SyncBN', requires_grad=True)
@@ -29,7 +30,10 @@ model = dict(
         drop_path_rate=0.1,
         pretrained=None),
     neck=dict(
-        type='Feature2Pyramid', embed_dim=embed_dims, rescales=[4, 2, 1, 0.5], norm_cfg=norm_cfg),
+        type='mmlinvit.FullGridFeature2Pyramid',
+        embed_dim=embed_dims,
+        rescales=[4, 2, 1, 0.5],
+        norm_cfg=norm_cfg),
     decode_head=dict(
         type='UPerHead',
         in_channels=[embed_dims] * 4,
