@@ -19,6 +19,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 from mmengine.config import Config, ConfigDict, DictAction
+from mmengine.hooks import CheckpointHook
 from mmengine.logging import MMLogger, print_log
 from mmengine.runner import Runner
 
@@ -27,7 +28,7 @@ from mmlinvit.converters.checkpoint_file import check_checkpoint_file
 
 from .accumulation import adapt_to_accumulation, check_amp_device
 from .preflight import _strip_scope, check_inputs, clear_checkpoints
-from .resume import check_resume_or_load_from, resume_randomness
+from .resume import check_resume_or_load_from, resume_randomness, warn_changed_resume_config
 
 #: ``--launcher`` choices (mmengine's).
 LAUNCHERS = ('none', 'pytorch', 'slurm', 'mpi')
@@ -493,6 +494,9 @@ def add_training_safeguards(cfg: Config) -> Config:
 
     * ``mmlinvit.CheckFiniteHook``: stop at the first non-finite loss / gradient norm, never
       save non-finite weights;
+    * mmengine's ``CheckpointHook`` becomes ``mmlinvit.AtomicCheckpointHook`` (a checkpoint
+      is written under a temporary name and renamed, old ones are rotated out only after it;
+      a resume inside an epoch of an epoch-based loop is warned about);
     * unless the config sets ``exact_resume = False``: ``mmlinvit.RandomStateHook`` (random
       states of every rank saved in checkpoints, restored on ``--resume``) and per-sample
       random streams for the data pipeline (:func:`seed_samples_of_train_loader`); with
@@ -511,6 +515,10 @@ def add_training_safeguards(cfg: Config) -> Config:
     check_amp_device(cfg)
     adapt_to_accumulation(cfg)
     _add_custom_hook(cfg, 'mmlinvit.CheckFiniteHook')
+    checkpoint = (cfg.get('default_hooks') or {}).get('checkpoint')
+    if isinstance(checkpoint, dict) and checkpoint.get('type') in (
+            'CheckpointHook', 'mmengine.CheckpointHook', CheckpointHook):
+        checkpoint['type'] = 'mmlinvit.AtomicCheckpointHook'
     if cfg.get('exact_resume', True):
         _add_custom_hook(cfg, 'mmlinvit.RandomStateHook',
                          rank_streams=bool(cfg.get('rank_random_streams', True)))
@@ -546,6 +554,8 @@ def build_runner(cfg: Config, mode: str = 'train', checkpoint: Optional[str] = N
             _add_custom_hook(cfg, 'mmlinvit.CheckpointCoverageHook',
                              source=repr(cfg.load_from), mode='train')
         add_training_safeguards(cfg)
+        if cfg.get('resume', False) and cfg.load_from is not None:
+            warn_changed_resume_config(cfg, cfg.load_from)
     elif checkpoint is not None:
         check_checkpoint_file(checkpoint)
     init_cpu_distributed(cfg.get('launcher', 'none'))

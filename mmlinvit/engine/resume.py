@@ -45,8 +45,13 @@ def _step(path: str) -> int:
     return int(found.group(1)) if found else -1
 
 
-def resume_candidates(work_dir: str) -> Tuple[Optional[str], List[str]]:
+def resume_candidates(work_dir: str) -> Tuple[Optional[str], List[str], List[str]]:
     """The checkpoint ``last_checkpoint`` names and every numbered checkpoint, newest first.
+
+    A numbered checkpoint with a higher number than the ``last_checkpoint`` target is newer
+    only when it was also written later (the run was stopped between writing it and updating
+    ``last_checkpoint``).  One written *before* the target comes from an earlier run into the
+    same work dir (a fresh run overwrites only the numbers it reaches): it is left out.
 
     Args:
         work_dir: The run's work dir.
@@ -54,7 +59,8 @@ def resume_candidates(work_dir: str) -> Tuple[Optional[str], List[str]]:
     Returns:
         (the path in ``<work_dir>/last_checkpoint`` or None, candidates newest first: the
         ``last_checkpoint`` target and the ``iter_*.pth`` / ``epoch_*.pth`` files of its
-        folder and of the work dir, by decreasing number; the target first among equals).
+        folder and of the work dir, by decreasing number, the target first among equals;
+        the left-out checkpoints of earlier runs).
     """
     latest = None
     pointer = osp.join(work_dir, 'last_checkpoint')
@@ -70,14 +76,22 @@ def resume_candidates(work_dir: str) -> Tuple[Optional[str], List[str]]:
     if latest is not None:
         numbered.add(osp.normpath(latest))
 
+    def mtime(path: str) -> float:
+        return osp.getmtime(path) if osp.exists(path) else 0.0
+
+    stale: List[str] = []
+    if latest is not None and osp.exists(latest):
+        written, step = mtime(latest), _step(latest)
+        stale = sorted(p for p in numbered if _step(p) > step >= 0 and mtime(p) < written)
+        numbered -= set(stale)
+
     def newest_first(path: str) -> Tuple[float, bool, float]:
         is_latest = latest is not None and path == osp.normpath(latest)
         step = _step(path)
-        mtime = osp.getmtime(path) if osp.exists(path) else 0.0
-        return (float('inf') if is_latest and step < 0 else step), is_latest, mtime
+        return (float('inf') if is_latest and step < 0 else step), is_latest, mtime(path)
 
     ordered = sorted(numbered, key=newest_first, reverse=True)
-    return latest, ordered
+    return latest, ordered, stale
 
 
 def select_resume_checkpoint(work_dir: str) -> str:
@@ -101,7 +115,12 @@ def select_resume_checkpoint(work_dir: str) -> str:
     if not osp.isdir(where):
         raise ResumeError(f'--resume: nothing to resume, the work dir {where} does not exist '
                           f'({looked_for}). {advice}')
-    latest, candidates = resume_candidates(where)
+    latest, candidates, stale = resume_candidates(where)
+    if stale:
+        print_log(f'--resume: {where} also holds {", ".join(osp.basename(p) for p in stale)}, '
+                  f'numbered after {latest} (named by last_checkpoint) but written before it: '
+                  f'checkpoints of an earlier run into the same work dir, not resumed. Give '
+                  f'each run its own --work-dir.', logger='current', level=logging.WARNING)
     if not candidates:
         content = sorted(os.listdir(where))[:10]
         raise ResumeError(f'--resume: nothing to resume in {where}: no checkpoint found '
@@ -146,6 +165,16 @@ def check_resume_or_load_from(resume: bool, load_from: Optional[str], work_dir: 
     """
     if resume and load_from is None:
         return select_resume_checkpoint(work_dir)
+    if not resume and osp.isdir(work_dir):
+        earlier = sorted((p for p in glob.glob(osp.join(work_dir, '*.pth'))
+                          if NUMBERED_CHECKPOINT.match(osp.basename(p))), key=_step)
+        if earlier:
+            print_log(f'{osp.abspath(work_dir)} already holds checkpoints of an earlier run '
+                      f'({", ".join(osp.basename(p) for p in earlier[-3:])}); this run starts '
+                      f'from scratch (no --resume) and overwrites only the ones it reaches, so '
+                      f'the folder will mix both runs. Give each run its own --work-dir, or '
+                      f'add --resume to continue the earlier run.',
+                      logger='current', level=logging.WARNING)
     if load_from is not None and _is_local(load_from):
         try:
             check_checkpoint_file(load_from)
@@ -240,3 +269,96 @@ def resume_randomness(randomness: Optional[Dict[str, Any]], checkpoint: str) -> 
                   f'Set randomness.seed={stored} (or remove it) to continue exactly.',
                   logger='current', level=logging.WARNING)
     return randomness
+
+
+#: Config entries whose change between the interrupted and the resumed run does not do what
+#: it says, with what happens instead.
+_RESUME_SENSITIVE = (
+    (('optim_wrapper', 'optimizer'), 'the optimizer state (lr, weight decay, momenta) is '
+                                     "restored from the checkpoint: the new values are not used"),
+    (('param_scheduler',), "the schedulers' state (begin, end, factors) is restored from the "
+                           'checkpoint: the new schedule is not used'),
+    (('train_cfg', 'max_iters'), 'the loop runs to the new length, the restored schedulers '
+                                 'keep the old end'),
+    (('train_cfg', 'max_epochs'), 'the loop runs to the new length, the restored schedulers '
+                                  'keep the old end'),
+    (('train_dataloader', 'batch_size'), 'the sampler skips iterations x the new batch size: '
+                                         'the data order no longer continues the interrupted run'),
+    (('optim_wrapper', 'accumulative_counts'), 'optimizer steps no longer fall where the '
+                                               'interrupted run had them'),
+)
+
+
+def _lookup(cfg: Any, keys: Tuple[str, ...]) -> Any:
+    node = cfg
+    for key in keys:  # Config and ConfigDict both have .get
+        node = node.get(key) if hasattr(node, 'get') else None
+        if node is None:
+            return None
+    return node
+
+
+def _plain(value: Any) -> Any:
+    """Config values as plain Python (ConfigDict / tuples), for comparison."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _differences(old: Any, new: Any, name: str) -> List[str]:
+    """``'name.key: old -> new'`` for each differing entry of two dicts (else the values)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out: List[str] = []
+        for key in sorted(set(old) | set(new), key=str):
+            if old.get(key) != new.get(key):
+                out += _differences(old.get(key), new.get(key), f'{name}.{key}')
+        return out
+    return [f'{name}: {old!r} -> {new!r}']
+
+
+def warn_changed_resume_config(cfg: Any, checkpoint: str) -> List[str]:
+    """Warns about entries of ``cfg`` that differ from the interrupted run's config.
+
+    mmengine's ``Runner.resume`` restores the optimizer and the parameter schedulers from the
+    checkpoint, so a learning rate, weight decay or schedule changed for the resumed run is
+    silently not used; a changed ``max_iters`` runs past the restored schedule's end, and a
+    changed batch size moves the data stream.  The interrupted run's config is the text
+    mmengine stores in the checkpoint (``meta['cfg']``); checkpoints without it (or remote
+    ones) are not compared.
+
+    Args:
+        cfg: The config of the resumed run.
+        checkpoint: The checkpoint it resumes from.
+
+    Returns:
+        The dotted names of the changed entries (also logged as one warning).
+    """
+    if not _is_local(checkpoint):
+        return []
+    text = checkpoint_meta(checkpoint).get('cfg')
+    if not isinstance(text, str):
+        return []
+    from mmengine.config import Config
+    try:
+        before = Config.fromstring(text, '.py')
+    except Exception as err:  # an interrupted run's config that no longer parses
+        print_log(f'--resume: the config stored in {checkpoint} cannot be read ({err}); not '
+                  f'compared with this run\'s.', logger='current', level=logging.INFO)
+        return []
+    changed, lines = [], []
+    for keys, effect in _RESUME_SENSITIVE:
+        old, new = _plain(_lookup(before, keys)), _plain(_lookup(cfg, keys))
+        if old != new:
+            name = '.'.join(keys)
+            changed.append(name)
+            diffs = _differences(old, new, name)
+            lines.append('; '.join(diffs) + f' ({effect})')
+    if changed:
+        print_log(f'--resume: this config differs from the interrupted run\'s (stored in '
+                  f'{checkpoint}):\n  ' + '\n  '.join(lines) + '\nTo train these weights with '
+                  f'the new settings, start a new run from them instead: load_from={checkpoint} '
+                  f'without --resume (weights only; optimizer and schedule start anew).',
+                  logger='current', level=logging.WARNING)
+    return changed

@@ -1,8 +1,9 @@
 """Training hooks."""
+from .atomic_checkpoint_hook import AtomicCheckpointHook
 from .check_finite_hook import CheckFiniteHook
 from .checkpoint_coverage_hook import CheckpointCoverageHook
 from .distill_loss_schedule_hook import DistillLossScheduleHook
 from .export_student_hook import ExportStudentHook
 from .random_state_hook import RandomStateHook
 
-__all__ = ['CheckFiniteHook', 'CheckpointCoverageHook', 'DistillLossScheduleHook', 'ExportStudentHook', 'RandomStateHook']
+__all__ = ['AtomicCheckpointHook', 'CheckFiniteHook', 'CheckpointCoverageHook', 'DistillLossScheduleHook', 'ExportStudentHook', 'RandomStateHook']
