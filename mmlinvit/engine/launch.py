@@ -141,6 +141,9 @@ def _seg_visualization(cfg: Config, show_dir: Optional[str], show: bool, wait_ti
     hook = _visualization_hook(cfg, 'SegVisualizationHook')
     hook['draw'] = True
     hook['interval'] = interval
+    if interval != 1 and hook.get('type') in ('SegVisualizationHook',
+                                              'mmseg.SegVisualizationHook'):
+        hook['type'] = 'mmlinvit.SegVisualizationHook'  # mmseg's draws every test sample
     if show:
         hook['show'] = True
         hook['wait_time'] = wait_time

@@ -138,7 +138,15 @@ def test_interrupted_run_resumes(tmp_path, ade_root):
         '--show-dir', show_dir, '--cfg-options', 'model.test_cfg.mode=slide'
     ])
     assert 0.0 <= metrics['mIoU'] <= 100.0
-    assert glob.glob(osp.join(show_dir, '**', '*.png'), recursive=True)
+    painted = glob.glob(osp.join(show_dir, '**', '*.png'), recursive=True)
+    assert len(painted) >= 2
+    # --interval N paints every N-th test image (mmseg's hook painted all of them)
+    every_other = str(tmp_path / 'every_other')
+    _load_tool('test').main([
+        cfg_file, osp.join(work_dir, 'iter_3.pth'), '--work-dir', str(tmp_path / 'test_wd2'),
+        '--show-dir', every_other, '--interval', '2'])
+    assert len(glob.glob(osp.join(every_other, '**', '*.png'), recursive=True)) == \
+        (len(painted) + 1) // 2
 
 
 def test_tools_choose_the_world_from_default_scope(tmp_path):

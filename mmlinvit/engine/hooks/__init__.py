@@ -5,5 +5,6 @@ from .checkpoint_coverage_hook import CheckpointCoverageHook
 from .distill_loss_schedule_hook import DistillLossScheduleHook
 from .export_student_hook import ExportStudentHook
 from .random_state_hook import RandomStateHook
+from .seg_visualization_hook import SegVisualizationHook
 
-__all__ = ['AtomicCheckpointHook', 'CheckFiniteHook', 'CheckpointCoverageHook', 'DistillLossScheduleHook', 'ExportStudentHook', 'RandomStateHook']
+__all__ = ['AtomicCheckpointHook', 'CheckFiniteHook', 'CheckpointCoverageHook', 'DistillLossScheduleHook', 'ExportStudentHook', 'RandomStateHook', 'SegVisualizationHook']
