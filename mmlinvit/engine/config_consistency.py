@@ -141,6 +141,26 @@ def _class_count_problems(cfg: Any) -> List[str]:
     return problems
 
 
+def _batch_augment_problem(cfg: Any) -> Optional[str]:
+    """Mixup / CutMix one-hot labels of another width than the classification head's."""
+    pre = _preprocessor(cfg)
+    if pre is None:
+        return None
+    augmented = bool(pre[1].get('batch_augments', None)) or any(
+        isinstance(node.get('train_cfg', None), dict) and node['train_cfg'].get('augments')
+        for _, node in _walk(cfg.get('model', None), 'model'))
+    width = pre[1].get('num_classes', None)
+    if not augmented or width is None:
+        return None
+    for where, head in _heads(cfg.get('model', None)):
+        if '.teacher' not in where and head['num_classes'] != width:
+            return (f'{pre[0]}.num_classes={width} (the width of the one-hot labels that the '
+                    f'batch augments, Mixup / CutMix, mix), but {where}.num_classes='
+                    f'{head["num_classes"]}: the first step would stop on a shape mismatch. '
+                    f'Fix: {pre[0]}.num_classes={head["num_classes"]}')
+    return None
+
+
 def _save_best_problem(cfg: Any) -> Optional[str]:
     hook = (cfg.get('default_hooks', None) or {}).get('checkpoint', None) or {}
     save_best = hook.get('save_best', None)
@@ -336,9 +356,7 @@ def check_config_consistency(cfg: Any) -> None:
         ConfigConsistencyError: listing every error found.
     """
     errors = _class_count_problems(cfg)
-    problem = _save_best_problem(cfg)
-    if problem:
-        errors.append(problem)
+    errors += [p for p in (_batch_augment_problem(cfg), _save_best_problem(cfg)) if p]
     if errors:
         lines = '\n'.join(f'  - {p}' for p in errors)
         raise ConfigConsistencyError(

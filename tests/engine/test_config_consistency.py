@@ -101,6 +101,27 @@ def test_mmpretrain_classes_argument_counts(tmp_path):
 
 
 
+@pytest.mark.parametrize('where', ['train_cfg', 'batch_augments'])
+def test_mixup_width_must_be_the_heads(tmp_path, where):
+    """A 10-class fine-tune of a 1000-class config with Mixup / CutMix: mmpretrain stopped at
+    step 1 on "[16, 10] vs [16, 1000]" without naming data_preprocessor.num_classes."""
+    augments = [dict(type='Mixup', alpha=0.8), dict(type='CutMix', alpha=1.0)]
+    cfg = Config(dict(
+        model=dict(type='ImageClassifier', head=dict(type='LinearClsHead', num_classes=10)),
+        data_preprocessor=dict(type='ClsDataPreProcessor', num_classes=1000),
+        train_dataloader=dict(dataset=dict(type='CustomDataset', data_root=str(tmp_path)))))
+    if where == 'train_cfg':
+        cfg.model.train_cfg = dict(augments=augments)
+    else:
+        cfg.data_preprocessor.batch_augments = dict(augments=augments)
+    with pytest.raises(ConfigConsistencyError,
+                       match=r'data_preprocessor.num_classes=1000 .*Fix: '
+                             r'data_preprocessor.num_classes=10'):
+        check_config_consistency(cfg)
+    cfg.data_preprocessor.num_classes = 10
+    check_config_consistency(cfg)
+
+
 def test_save_best_keys_follow_the_metrics():
     """mmseg's IoUMetric adds mAcc with mIoU / mDice only; mFscore adds mPrecision / mRecall."""
     from mmlinvit.engine.config_consistency import _save_best_problem
