@@ -28,8 +28,21 @@ class MMLoggerForwarder(logging.Handler):
                 handler.handle(record)
 
 
+#: Loggers whose INFO records are run-log material too: the checkpoint load report (which
+#: file was loaded into which model, what was resampled, dropped or initialised).
+INFO_LOGGERS = ('mmlinvit.converters.loading', )
+
+
 def install() -> None:
-    """Attaches one :class:`MMLoggerForwarder` to the ``mmlinvit`` logger (idempotent)."""
+    """Attaches one :class:`MMLoggerForwarder` to the ``mmlinvit`` logger (idempotent).
+
+    The loggers of :data:`INFO_LOGGERS` are set to INFO (when no level was set on them), so
+    their INFO records reach the log file; Python prints records below WARNING on the console
+    only when an application configured a handler for them.
+    """
+    for name in INFO_LOGGERS:
+        if logging.getLogger(name).level == logging.NOTSET:
+            logging.getLogger(name).setLevel(logging.INFO)
     logger = logging.getLogger(LOGGER_NAME)
     if not any(isinstance(h, MMLoggerForwarder) for h in logger.handlers):
         logger.addHandler(MMLoggerForwarder())

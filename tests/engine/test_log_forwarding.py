@@ -1,4 +1,5 @@
-"""WARNINGs of the mmlinvit loggers reach the run's log file (mmlinvit.log_forwarding)."""
+"""WARNINGs of the mmlinvit loggers, and the checkpoint load report, reach the run's log file
+(mmlinvit.log_forwarding)."""
 import logging
 
 from mmengine.logging import MMLogger
@@ -22,3 +23,23 @@ def test_mmlinvit_warnings_reach_the_mmlogger_log_file_once(tmp_path, caplog):
     handlers = [h for h in logging.getLogger('mmlinvit').handlers
                 if isinstance(h, MMLoggerForwarder)]
     assert len(handlers) == 1 and logging.getLogger('mmlinvit').propagate
+
+
+def test_the_load_report_reaches_the_log_file(tmp_path):
+    """Which file ``pretrained=`` loaded (and what was resampled) was logged at INFO on a logger
+    at the root's WARNING level: no run log said it."""
+    import torch
+
+    from mmlinvit.backbones import VisionTransformer
+    log_file = tmp_path / 'load.log'
+    MMLogger.get_instance('load_report_test', log_file=str(log_file), log_level='INFO')
+    arch = dict(embed_dims=16, num_layers=1, num_heads=2, mlp_hidden_dims=32)
+    source = VisionTransformer(arch=arch, img_size=32, patch_size=8)
+    path = tmp_path / 'backbone.pth'
+    torch.save(source.state_dict(), path)
+    target = VisionTransformer(arch=arch, img_size=48, patch_size=8, pretrained=str(path))
+    target.init_weights()
+    for handler in MMLogger.get_current_instance().handlers:
+        handler.flush()
+    text = log_file.read_text()
+    assert f"Loaded '{path}'" in text and 'VisionTransformer' in text and 'grid (6, 6)' in text
