@@ -74,16 +74,18 @@ def test_adala_config_recipe():
 def test_dinov2_configs_pad_as_dinov2(rel):
     """DINOv2's segmentation evaluation pads inputs to a multiple of 14 with CenterPadding:
     the segmentor pads centred, and the data preprocessor pads no further than the crop (a
-    size_divisor of 14 there would pad at the bottom / right before the segmentor sees the
-    image)."""
+    size_divisor of 14, or a size beyond the crop, there would pad at the bottom / right
+    before the segmentor sees the image)."""
     cfg = Config.fromfile(osp.join(REPO, 'configs', rel))
     assert cfg.model.type == 'mmlinvit.EncoderDecoder'
     assert cfg.model.patch_padding == 'center'
     pre = cfg.model.data_preprocessor
+    crop = next(tuple(t['crop_size']) for t in cfg.train_dataloader.dataset.pipeline
+                if 'crop_size' in t)
     for stage in (pre, pre.get('test_cfg') or {}):
         assert stage.get('size_divisor') in (None, 1)
         size = stage.get('size')
-        assert size is None or all(s % 14 == 0 for s in size)
+        assert size is None or tuple(size) == crop
 
 
 def _seg_model(runner):
@@ -128,3 +130,22 @@ def test_config_train_step_and_inference(rel, tmp_path, ade_root, city_root):
     slide = runner.val_loop.run()
     for metrics in (whole, slide):
         assert 0.0 <= metrics['mIoU'] <= 100.0
+
+
+def test_cityscapes_1024_pads_short_crops_to_the_whole_crop():
+    """A random scale < 1 makes 1024 x 1024 crops of 1024 x 2048 images shorter (e.g. 614 x
+    1024); mmseg's and ViT-Adapter's recipes pad them to the crop (labels ignored), the config
+    padded them only to the next patch multiple (616 x 1036)."""
+    from mmseg.registry import MODELS
+    from mmseg.structures import SegDataSample
+    from mmengine.structures import PixelData
+    cfg = Config.fromfile(osp.join(
+        REPO, 'configs', 'segmentation',
+        'mask2former_adala-dinov2-l-elu_8xb1-80k_cityscapes-1024x1024.py'))
+    pre = MODELS.build(cfg.model.data_preprocessor).train()
+    sample = SegDataSample(gt_sem_seg=PixelData(data=torch.zeros(1, 614, 1024, dtype=torch.long)))
+    out = pre(dict(inputs=[torch.zeros(3, 614, 1024, dtype=torch.uint8)],
+                   data_samples=[sample]), training=True)
+    assert tuple(out['inputs'].shape[-2:]) == (1024, 1024)
+    labels = out['data_samples'][0].gt_sem_seg.data
+    assert (labels[:, 614:] == 255).all() and (labels[:, :614] == 0).all()
