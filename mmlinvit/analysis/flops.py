@@ -1,4 +1,4 @@
-"""FLOP counting of model forwards (torch only) and the closed-form counts of ViTs.
+"""FLOP counting of model forwards and training steps (torch only) and the closed-form counts of ViTs.
 
 Convention (printed by the tools as :data:`FLOP_CONVENTION`): **FLOPs = 2 x MACs**, one
 multiply-add counts as two FLOPs, and only matmul-like work is counted: ``mm`` / ``addmm`` /
@@ -12,7 +12,8 @@ that counts aten ops by shape, so it also works on ``torch.device('meta')`` tens
 
 * SDPA kernels the upstream registry misses: ``_scaled_dot_product_flash_attention_for_cpu``
   (the CPU path, counted 0 upstream), ``_scaled_dot_product_fused_attention_overrideable`` and
-  ``_scaled_dot_product_attention_math`` where this torch has them (on meta tensors SDPA
+  ``_scaled_dot_product_attention_math`` where this torch has them, and the backwards of the
+  first two (twice the forward, as upstream counts the CUDA backwards; on meta tensors SDPA
   decomposes into two ``bmm`` and is counted by the upstream rules);
 * custom ``torch.autograd.Function`` classes, whose forward may launch kernels the dispatch
   mode never sees (Triton): while counting, the class's ``apply`` is wrapped so that its FLOPs
@@ -22,7 +23,9 @@ that counts aten ops by shape, so it also works on ``torch.device('meta')`` tens
   Function of :mod:`mmlinvit.ops.linear_attention.triton_kernel`
   (:func:`linear_attention_function_flops`) and the Triton SSD-scan Function of
   :mod:`mmlinvit.ops.ssd.triton_kernel` (:func:`ssd_scan_function_flops`).  Each formula
-  equals what the PyTorch path is counted, so a model counts the same on either backend;
+  equals what the PyTorch path is counted, so a model counts the same on either backend; a
+  backward run inside the counter adds twice the forward formula (each matmul's gradients are
+  two matmuls of its size), which is also what the PyTorch paths count;
 * the Mamba-2 SSD scan at its configured ``chunk_size`` on every backend: without gradients
   the PyTorch scan normally runs its inference form in chunks of at most
   :data:`mmlinvit.ops.ssd.torch_impl.INFERENCE_CHUNK` (64) tokens, a CPU speed choice whose
@@ -99,6 +102,14 @@ def _sdpa_op_formula(query_shape: Shape, key_shape: Shape, value_shape: Shape, *
     return sdpa_flops(query_shape, key_shape, value_shape)
 
 
+def _sdpa_backward_op_formula(grad_out_shape: Shape, query_shape: Shape, key_shape: Shape,
+                              value_shape: Shape, *args: Any, out_shape: Any = None,
+                              **kwargs: Any) -> int:
+    """FlopCounterMode formula of an SDPA backward: dV, dP, dQ, dK are four matmuls, twice the
+    forward (as upstream's rules count the flash / efficient / cuDNN backwards)."""
+    return 2 * sdpa_flops(query_shape, key_shape, value_shape)
+
+
 def linear_attention_function_flops(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                     *args: Any, **kwargs: Any) -> int:
     """FLOPs of one non-causal linear-attention call from its (B, H, N, d) inputs.
@@ -129,6 +140,14 @@ def extra_sdpa_ops() -> Tuple[Any, ...]:
     names = ('_scaled_dot_product_flash_attention_for_cpu',
              '_scaled_dot_product_fused_attention_overrideable',
              '_scaled_dot_product_attention_math')
+    return tuple(getattr(torch.ops.aten, name) for name in names
+                 if hasattr(torch.ops.aten, name))
+
+
+def extra_sdpa_backward_ops() -> Tuple[Any, ...]:
+    """The backwards of :func:`extra_sdpa_ops` (arguments start with grad_out, q, k, v)."""
+    names = ('_scaled_dot_product_flash_attention_for_cpu_backward',
+             '_scaled_dot_product_fused_attention_overrideable_backward')
     return tuple(getattr(torch.ops.aten, name) for name in names
                  if hasattr(torch.ops.aten, name))
 
@@ -266,6 +285,8 @@ class FlopCounter:
                                 f'subclasses, got {cls!r}')
         self._extra_functions = dict(function_formulas or {})
         self._op_formulas = {op: _sdpa_op_formula for op in extra_sdpa_ops()}
+        self._op_formulas.update({op: _sdpa_backward_op_formula
+                                  for op in extra_sdpa_backward_ops()})
         self._op_formulas.update(op_formulas or {})
         self._use_default_functions = use_default_functions
         self._ssd_chunk_form = ssd_chunk_form
@@ -273,14 +294,22 @@ class FlopCounter:
         self._mode: Optional[FlopCounterMode] = None
         self._function_flops: Dict[str, int] = defaultdict(int)
         self._discarded_inner_flops = 0
-        self._saved_apply: Dict[type, Tuple[bool, Any]] = {}
+        self._saved_apply: Dict[type, Tuple[bool, Any, bool, Any]] = {}
         self._last: Optional[FlopCount] = None
 
     # ------------------------------------------------------------------ function wrapping
     def _wrap_function(self, cls: type, formula: FunctionFlopFormula) -> None:
-        own = 'apply' in cls.__dict__
-        self._saved_apply[cls] = (own, cls.__dict__.get('apply'))
+        """Counts ``cls``'s forward by ``formula`` and its backward as twice that.
+
+        Every matmul's backward is two matmuls of its size (the gradients of both operands),
+        which is what the PyTorch path of these Functions is counted when it is
+        differentiated; the FLOPs are put on the Function's autograd node and added when the
+        backward runs inside the counter.
+        """
+        self._saved_apply[cls] = ('apply' in cls.__dict__, cls.__dict__.get('apply'),
+                                  'backward' in cls.__dict__, cls.__dict__.get('backward'))
         original_apply = cls.apply  # bound classmethod
+        original_backward = cls.backward
         counter = self
 
         def counted_apply(*args: Any, **kwargs: Any) -> Any:
@@ -288,17 +317,34 @@ class FlopCounter:
             before = mode.get_total_flops()
             out = original_apply(*args, **kwargs)
             counter._discarded_inner_flops += mode.get_total_flops() - before
-            counter._function_flops[cls.__name__] += int(formula(*args, **kwargs))
+            flops = int(formula(*args, **kwargs))
+            counter._function_flops[cls.__name__] += flops
+            first = out[0] if isinstance(out, (tuple, list)) else out
+            node = getattr(first, 'grad_fn', None)
+            if node is not None:
+                node._mmlinvit_backward_flops = 2 * flops
             return out
 
+        def counted_backward(ctx: Any, *grads: Any) -> Any:
+            mode = counter._mode
+            before = mode.get_total_flops()
+            result = original_backward(ctx, *grads)
+            counter._discarded_inner_flops += mode.get_total_flops() - before
+            counter._function_flops[f'{cls.__name__}.backward'] += getattr(
+                ctx, '_mmlinvit_backward_flops', 0)
+            return result
+
         cls.apply = staticmethod(counted_apply)
+        cls.backward = staticmethod(counted_backward)
 
     def _restore_functions(self) -> None:
-        for cls, (own, original) in self._saved_apply.items():
-            if own:
-                cls.apply = original
-            else:
-                delattr(cls, 'apply')
+        for cls, (own_apply, apply, own_backward, backward) in self._saved_apply.items():
+            for name, own, original in (('apply', own_apply, apply),
+                                        ('backward', own_backward, backward)):
+                if own:
+                    setattr(cls, name, original)
+                else:
+                    delattr(cls, name)
         self._saved_apply.clear()
 
     # ------------------------------------------------------------------ context manager

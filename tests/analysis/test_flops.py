@@ -276,3 +276,63 @@ def test_count_flops_tool_prints_convention_and_ratio(capsys):
     assert rows[3]['ratio_counted'] == pytest.approx(1319.6 / 710.5, rel=1e-3)
     assert rows[3]['ratio_analytic'] == pytest.approx(
         (24 * 4097 * 768**2 + 4 * 4097**2 * 768) / (24 * 4097 * 768**2 + 4 * 4097 * 64 * 768))
+
+
+@pytest.mark.parametrize('operator', ['softmax', 'elu'])
+def test_training_step_counts_the_same_on_cpu_and_meta(operator):
+    """Forward + backward: CPU's SDPA backward (its own aten op) counted 0, so a training step
+    of the softmax model counted 2x its attention FLOPs less on CPU than on meta tensors."""
+    counts = {}
+    for device in ('cpu', 'meta'):
+        torch.manual_seed(0)
+        model = _tiny_vit(operator, device).train()
+        images = torch.randn(2, 3, *IMG_HW, device=device)
+        with FlopCounter() as counter:
+            model(images)[0].float().sum().backward()
+        counts[device] = counter.total
+    assert counts['cpu'] == counts['meta'], counts
+    forward = count_flops(_tiny_vit(operator, 'cpu'), torch.randn(2, 3, *IMG_HW)).total
+    assert counts['cpu'] > 2 * forward  # the backward is counted (about 2x the forward)
+
+
+@pytest.mark.skipif(not triton_available(), reason='triton is not installed')
+def test_triton_functions_count_their_backward_like_the_torch_path():
+    """The Triton Functions' backward kernels were counted 0: a training step of a linear
+    model counted 1x its attention where the torch path counted 3x."""
+    script = textwrap.dedent("""
+        import torch
+        from mmlinvit.analysis import FlopCounter
+        from mmlinvit.ops.linear_attention import inline_attention, linear_attention
+        from mmlinvit.ops.ssd import ssd_scan
+        g = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(1, 2, 37, 16, generator=g) for _ in range(3))
+        ops = {'elu': lambda *t, backend: linear_attention(*t, 'elu', backend=backend),
+               'inline': lambda *t, backend: inline_attention(*t, 0.25, backend=backend)}
+        for feature_map, op in ops.items():
+            totals = {}
+            for backend in ('torch', 'triton'):
+                leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+                with FlopCounter() as counter:
+                    op(*leaves, backend=backend).sum().backward()
+                totals[backend] = counter.total
+                if backend == 'triton':
+                    assert counter.by_op['_FusedLinearAttention.backward'] > 0, counter.by_op
+            assert totals['torch'] == totals['triton'], (feature_map, totals)
+        b, L, H, P, G, N = 1, 40, 2, 8, 1, 8
+        x = torch.randn(b, L, H, P, generator=g); dt = torch.rand(b, L, H, generator=g) * .1
+        A = -torch.rand(H, generator=g); D = torch.ones(H)
+        B = torch.randn(b, L, G, N, generator=g); C = torch.randn(b, L, G, N, generator=g)
+        totals = {}
+        for backend in ('torch', 'triton'):
+            leaves = [t.clone().requires_grad_() for t in (x, dt, A, B, C, D)]
+            with FlopCounter() as counter:
+                ssd_scan(*leaves, chunk_size=16, backend=backend).sum().backward()
+            totals[backend] = counter.total
+        assert totals['torch'] == totals['triton'], totals
+        print('ok')
+    """)
+    env = dict(os.environ, TRITON_INTERPRET='1')
+    env['PYTHONPATH'] = os.pathsep.join(filter(None, [str(ROOT), env.get('PYTHONPATH')]))
+    proc = subprocess.run([sys.executable, '-c', script], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and 'ok' in proc.stdout, proc.stderr[-3000:]

@@ -73,3 +73,14 @@ def test_segmentation_config_and_shape_override():
     assert big['flops'] > row['flops']
     with pytest.raises(SystemExit):
         tool.main(['--shape', '128'])  # --shape needs a CONFIG
+
+
+def test_mhla_config_on_the_default_meta_device_counts_on_cpu(capsys):
+    """MHLA's block bookkeeping needs tensor values: the default --device meta stopped with
+    "Tensor.item() cannot be called on meta tensors"; it now counts with a real forward."""
+    row = _tool().main([osp.join(REPO, 'configs/copy_mlp_distill_attn/'
+                              'copy-mlp-distill-attn_deit-t-mhla_8xb64-300e_cifar10-224x224.py')])
+    assert row['device'] == 'cpu' and row['flops'] > 0 and row['input'] == (224, 224)
+    captured = capsys.readouterr()
+    assert 'counting with a real forward on CPU' in captured.err
+    assert 'device cpu' in captured.out

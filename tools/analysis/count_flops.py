@@ -36,7 +36,7 @@ Example::
 import argparse
 import os
 import sys
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple, TypeVar
 
 import torch
 from mmengine.config import DictAction
@@ -56,6 +56,7 @@ VIT_MODELS = {
     'vit-b16': ('ViT-B/16', 'b', 'deit'),
     'vit-l14': ('ViT-L/14', 'l', 'dinov2'),
 }
+T = TypeVar('T')
 DEFAULT_SIZES = ['224', '512', '512x1024', '1024x1024', '2048x2048']
 ADVENTURER_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), 'mmlinvit', 'backbones', 'adventurer.py')
@@ -163,6 +164,29 @@ def deployed_model_config(cfg: object) -> Tuple[dict, str]:
     return model, 'model'
 
 
+def on_meta_or_cpu(count: Callable[[str], T], device: str, label: str) -> Tuple[T, str]:
+    """``count(device)``; on ``'meta'``, ``count('cpu')`` when shapes depend on values.
+
+    Operators whose shapes depend on tensor values (MHLA's block bookkeeping:
+    ``torch.nonzero``, ``.item()``) cannot run on meta tensors; they are counted with a real
+    forward on random weights instead (the same count, slower), with a note on stderr.
+
+    Returns:
+        (the count, the device used).
+    """
+    if device != 'meta':
+        return count(device), device
+    try:
+        return count('meta'), 'meta'
+    except (RuntimeError, NotImplementedError) as err:
+        if 'meta' not in str(err).lower():
+            raise
+        print(f'{label}: shapes depend on tensor values here ({str(err).splitlines()[0]}); '
+              f'counting with a real forward on CPU instead (random weights, same count)',
+              file=sys.stderr, flush=True)
+        return count('cpu'), 'cpu'
+
+
 def count_config(cfg: object, shape: Optional[Tuple[int, int]] = None,
                  device: str = 'meta') -> Dict[str, object]:
     """Counts the deployed model of a loaded config (see the module docstring).
@@ -209,7 +233,7 @@ def count_config(cfg: object, shape: Optional[Tuple[int, int]] = None,
             model(images)
             what = 'backbone forward'
     return dict(part=part, model_type=str(model_cfg.get('type')), input=hw, params=params,
-                flops=counter.result().total, what=what)
+                flops=counter.result().total, what=what, device=device)
 
 
 def main_config(args: argparse.Namespace) -> Dict[str, object]:
@@ -224,12 +248,13 @@ def main_config(args: argparse.Namespace) -> Dict[str, object]:
     shape = None
     if args.shape is not None:
         shape = (args.shape[0], args.shape[-1])
-    row = count_config(cfg, shape=shape, device=args.device)
+    row, _ = on_meta_or_cpu(lambda device: count_config(cfg, shape=shape, device=device),
+                            args.device, args.config)
     row['config'] = args.config
     print(f'Convention: {FLOP_CONVENTION}.')
     print(f'config   {args.config}')
     print(f'counted  the {row["part"]} ({row["model_type"]}): {row["what"]}, batch 1, '
-          f'input {row["input"][0]}x{row["input"][1]}, device {args.device}')
+          f'input {row["input"][0]}x{row["input"][1]}, device {row["device"]}')
     print(f'params   {row["params"] / 1e6:.2f} M ({row["params"]})')
     print(f'FLOPs    {row["flops"] / 1e9:.2f} G ({row["flops"]})')
     write_json(row, args.json_out)
@@ -286,7 +311,9 @@ def main(argv: Optional[List[str]] = None) -> object:
         for hw in args.sizes:
             base: Dict[str, float] = {}
             for op in args.operators:
-                counted, analytic = count_vit(arch, family, op, hw, args.device)
+                (counted, analytic), _ = on_meta_or_cpu(
+                    lambda device: count_vit(arch, family, op, hw, device), args.device,
+                    f'{label} {size_label(hw)} {op}')
                 row = dict(model=label, size=size_label(hw), operator=op, counted=counted,
                            tokens=None, analytic=None, exact=None)
                 if analytic is not None:

@@ -208,14 +208,9 @@ def describe(config: str, cfg: Optional[Any] = None) -> Dict[str, Any]:
 def count(config: str, cfg: Any) -> Tuple[int, int, str]:
     """(parameters, FLOPs, device used) of a config's deployed model at its crop."""
     count_flops = _load_tool('count_flops')
-    try:
-        row = count_flops.count_config(copy.deepcopy(cfg), device='meta')
-        device = 'meta'
-    except Exception as err:  # data-dependent shapes (e.g. torch.nonzero) need real tensors
-        print(f'  {config}: meta count failed ({type(err).__name__}: {err}); counting on CPU',
-              flush=True)
-        row = count_flops.count_config(copy.deepcopy(cfg), device='cpu')
-        device = 'cpu'
+    row, device = count_flops.on_meta_or_cpu(
+        lambda device: count_flops.count_config(copy.deepcopy(cfg), device=device), 'meta',
+        f'  {config}')
     return int(row['params']), int(row['flops']), device
 
 
