@@ -233,6 +233,10 @@ class ImpulseInit(AttentionInitStrategy):
         base: Copy strategy applied first (``'random'`` or ``'mlp_copy'``).
         fit_loss: ``'cross_entropy'`` (default, converges in a few hundred steps) or
             ``'mse'`` (the paper's; with ``steps=10000, lr=1e-4`` its whole fit).
+        share_across_layers: Every block gets the same per-head weights (shift and rotation
+            drawn once), as the public code does by default (``init_once=True``: one
+            ``impulse_init`` for layer 0, its Q / K written into every block).  ``False``
+            draws them anew for each block.
     """
 
     name = 'impulse'
@@ -245,7 +249,8 @@ class ImpulseInit(AttentionInitStrategy):
                  cache_dir: Optional[str] = None,
                  use_cache: bool = True,
                  base: Union[str, dict] = 'random',
-                 fit_loss: str = 'cross_entropy') -> None:
+                 fit_loss: str = 'cross_entropy',
+                 share_across_layers: bool = True) -> None:
         super().__init__(base)
         impulse_shifts(window)  # validates the window
         if steps < 1:
@@ -257,6 +262,7 @@ class ImpulseInit(AttentionInitStrategy):
             raise ValueError(f'Unknown fit_loss {fit_loss!r}; available: {FIT_LOSSES}')
         self.fit_loss = fit_loss
         self.seed = seed
+        self.share_across_layers = share_across_layers
         self.cache_dir = (cache_dir or DEFAULT_IMPULSE_CACHE) if use_cache else None
 
     def check(self, student: VisionTransformer) -> None:
@@ -291,14 +297,18 @@ class ImpulseInit(AttentionInitStrategy):
                                         self.fit_loss)
         shifts = bank['shifts']
         gen = torch.Generator().manual_seed(seed)
+
+        def draw_heads():  # (shift index, rotation) of each head
+            return [(int(torch.randint(len(shifts), (1, ), generator=gen)),
+                     _random_orthogonal(d, gen)) for _ in range(heads)]
+
+        shared = draw_heads() if self.share_across_layers else None
         written = set()
         chosen = []
         for i, block in enumerate(student.blocks):
             weight = block.attn.qkv.weight
             layer_shifts = []
-            for h in range(heads):
-                s = int(torch.randint(len(shifts), (1, ), generator=gen))
-                rot = _random_orthogonal(d, gen)
+            for h, (s, rot) in enumerate(shared or draw_heads()):
                 wq = bank['wq'][s].double() @ rot
                 wk = bank['wk'][s].double() @ rot
                 weight[h * d:(h + 1) * d] = wq.T.to(weight)
@@ -314,4 +324,5 @@ class ImpulseInit(AttentionInitStrategy):
 
     def options(self) -> Dict[str, Any]:
         return dict(window=self.window, steps=self.steps, lr=self.lr, fit_loss=self.fit_loss,
-                    seed=self.seed, cache_dir=self.cache_dir, **super().options())
+                    seed=self.seed, cache_dir=self.cache_dir,
+                    share_across_layers=self.share_across_layers, **super().options())

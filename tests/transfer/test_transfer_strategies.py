@@ -271,6 +271,22 @@ def test_impulse_maps_peak_at_shift_and_cache(teacher, tmp_path):
                            student.blocks[i].attn.qkv.weight[:128])
 
 
+def test_impulse_shares_the_heads_across_layers_as_the_public_code(teacher, tmp_path):
+    """The public code (init_once=True, its default) fits layer 0's per-head Q / K and writes
+    them into every block; each block drew its own shifts and rotations here."""
+    options = dict(steps=20, seed=1, cache_dir=str(tmp_path))
+    student = impulse_student()
+    report = transfer_weights(student, teacher, 'impulse', **options)
+    assert all(layer == report.details['shifts'][0] for layer in report.details['shifts'])
+    first = student.blocks[0].attn.qkv.weight[:128]
+    for block in student.blocks[1:]:
+        assert torch.equal(block.attn.qkv.weight[:128], first)
+    per_layer = impulse_student()
+    transfer_weights(per_layer, teacher, 'impulse', share_across_layers=False, **options)
+    assert not all(torch.equal(b.attn.qkv.weight[:128], per_layer.blocks[0].attn.qkv.weight[:128])
+                   for b in per_layer.blocks[1:])
+
+
 @pytest.mark.parametrize('strategy', ['mimetic', 'impulse'])
 def test_structured_inits_take_the_run_seed(teacher, tmp_path, strategy):
     """Runs with randomness.seed 0 / 1 (torch's default generator seeded, as mmengine and
