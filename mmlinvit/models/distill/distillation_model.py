@@ -52,7 +52,8 @@ from .recorders import attach_recorders, recording
 from .stage_depths import check_stage_depths
 from .student_preprocessing import check_student_preprocessing, refuse_student_settings
 from .teacher import build_frozen_teacher
-from .teacher_input_norm import TeacherInputNorm
+from .teacher_input_norm import (TeacherInputNorm, fold_into_patch_embedding,
+                                 student_input_stats)
 from .terms import (build_term, check_connectors_used, check_finite_losses, check_spec,
                     compute_terms)
 from .trainable_params import freeze_all_but
@@ -319,9 +320,18 @@ class DistillationModel(BaseModel):
         """
         super().init_weights()
         if self.weight_transfer is not None:
-            self.transfer_report = transfer_weights(self.student_backbone(),
-                                                    self.teacher_backbone(),
+            student = self.student_backbone()
+            self.transfer_report = transfer_weights(student, self.teacher_backbone(),
                                                     strategy=self.weight_transfer)
+            if (self.teacher_input_norm is not None
+                    and 'patch_embed.proj.weight' in self.transfer_report.copied):
+                # the copied projection expects the teacher's statistics, the student's batch
+                # has the data preprocessor's (FullCopy's student would not start as the teacher)
+                mean_s, std_s = student_input_stats(self.data_preprocessor)
+                stats = self.teacher_input_norm.stats
+                fold_into_patch_embedding(student.patch_embed.proj, mean_s, std_s,
+                                          torch.tensor(stats['mean']), torch.tensor(stats['std']))
+                self.transfer_report.details['patch_embed_input_norm_folded'] = True
             print_log(f'Weight transfer teacher -> student: {self.transfer_report.summary()}',
                       logger='current')
 

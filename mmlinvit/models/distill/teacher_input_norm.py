@@ -117,3 +117,29 @@ class TeacherInputNorm(nn.Module):
         std_s = std_s.to(inputs.device).view(1, -1, 1, 1)
         pixels = inputs.float() * std_s + mean_s
         return ((pixels - self.teacher_mean) / self.teacher_std).to(inputs.dtype)
+
+
+@torch.no_grad()
+def fold_into_patch_embedding(proj: nn.Conv2d, mean_s: torch.Tensor, std_s: torch.Tensor,
+                              mean_t: torch.Tensor, std_t: torch.Tensor) -> None:
+    """Makes a patch projection copied from the teacher read the student's normalisation.
+
+    The teacher's projection expects ``x_t = (x_s * std_s + mean_s - mean_t) / std_t``; a
+    convolution is linear in its input, so ``W' = W * std_s / std_t`` (per input channel) and
+    ``b' = b + sum W * (mean_s - mean_t) / std_t`` give the same patch tokens from the
+    student's batch ``x_s`` (padding included: the teacher sees converted zeros too).
+
+    Args:
+        proj: The student's patch projection (a convolution with a bias), changed in place.
+        mean_s: (C,) mean of the student's batch; ``std_s`` its std.
+        mean_t: (C,) mean the teacher expects; ``std_t`` its std.
+    """
+    if proj.bias is None:
+        raise DistillationConfigError(
+            'the copied patch projection has no bias, so the teacher_input_norm shift cannot '
+            'be folded into it; give student and teacher the same input statistics')
+    weight = proj.weight.double()
+    scale = (std_s.double() / std_t.double()).view(1, -1, 1, 1).to(weight.device)
+    shift = ((mean_s.double() - mean_t.double()) / std_t.double()).view(1, -1, 1, 1)
+    proj.bias.add_((weight * shift.to(weight.device)).sum(dim=(1, 2, 3)).to(proj.bias))
+    proj.weight.copy_((weight * scale).to(proj.weight))
