@@ -20,12 +20,9 @@ import argparse
 import sys
 from typing import List, Optional
 
-from mmlinvit.converters.checkpoint_file import CheckpointFileError
-from mmlinvit.engine.checkpoint_coverage import CheckpointCoverageError
 from mmlinvit.engine.launch import (TTAConfigError, add_launch_arguments, build_runner,
                                      finish_distributed, load_config, parse_launch_args,
-                                     prepare_test_config)
-from mmlinvit.engine.preflight import MissingInputsError
+                                     prepare_test_config, user_errors)
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -60,11 +57,8 @@ def main(argv: Optional[List[str]] = None) -> dict:
         raise SystemExit(f'error: {err}') from None
     try:
         runner = build_runner(cfg, mode='test', checkpoint=args.checkpoint)
-    except (MissingInputsError, CheckpointFileError) as err:
-        raise SystemExit(f'error: {err}') from None
-    try:
-        metrics = runner.test()
-    except CheckpointCoverageError as err:
+        metrics = runner.test()  # the checkpoint is read here
+    except user_errors() as err:
         raise SystemExit(f'error: {err}') from None
     finish_distributed()
     return metrics

@@ -15,11 +15,10 @@ import argparse
 import sys
 from typing import List, Optional
 
-from mmlinvit.converters.checkpoint_file import CheckpointFileError
 from mmlinvit.engine.launch import (add_launch_arguments, build_runner, finish_distributed,
-                                     load_config, parse_launch_args, prepare_train_config)
-from mmlinvit.engine.preflight import PreflightError, check_data
-from mmlinvit.engine.resume import ResumeError
+                                     load_config, parse_launch_args, prepare_train_config,
+                                     user_errors)
+from mmlinvit.engine.preflight import check_data
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -60,11 +59,9 @@ def main(argv: Optional[List[str]] = None) -> None:
         runner = build_runner(cfg, mode='train')
         if args.check_data:
             check_data(cfg, mode='train')
-    except PreflightError as err:
+        runner.train()  # checkpoints (load_from, pretrained=) are read here
+    except user_errors() as err:
         raise SystemExit(f'error: {err}') from None
-    except (ResumeError, CheckpointFileError) as err:
-        raise SystemExit(f'error: {err}') from None
-    runner.train()
     finish_distributed()
 
 

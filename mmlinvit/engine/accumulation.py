@@ -32,6 +32,10 @@ from mmengine.logging import print_log
 EMA_DEFAULT_MOMENTUM = 0.0002
 
 
+
+class AmpDeviceError(ValueError):
+    """``--amp`` on a machine without a device mmengine's ``AmpOptimWrapper`` runs on."""
+
 def accumulative_counts(cfg: Config) -> int:
     """``optim_wrapper.accumulative_counts`` of a config (1 when unset).
 
@@ -123,8 +127,8 @@ def check_amp_device(cfg: Any) -> None:
         cfg: The prepared training config.
 
     Raises:
-        ValueError: ``optim_wrapper.type`` is ``AmpOptimWrapper`` (``--amp``) and no CUDA /
-            NPU / MLU / MUSA device is available.
+        AmpDeviceError: ``optim_wrapper.type`` is ``AmpOptimWrapper`` (``--amp``) and no
+            CUDA / NPU / MLU / MUSA device is available.
     """
     wrapper = cfg.get('optim_wrapper', None) or {}
     if str(wrapper.get('type', '')).split('.')[-1] != 'AmpOptimWrapper':
@@ -133,6 +137,6 @@ def check_amp_device(cfg: Any) -> None:
     from mmengine.optim.optimizer import amp_optimizer_wrapper as amp
     if not (amp.is_cuda_available() or amp.is_npu_available() or amp.is_mlu_available()
             or amp.is_musa_available()):
-        raise ValueError('--amp (optim_wrapper.type="AmpOptimWrapper") needs a CUDA, NPU, MLU '
+        raise AmpDeviceError('--amp (optim_wrapper.type="AmpOptimWrapper") needs a CUDA, NPU, MLU '
                          'or MUSA device: mmengine refuses CPU-only machines. Train in fp32 '
                          'here (drop --amp).')

@@ -15,7 +15,7 @@ import dataclasses
 import logging
 import os
 import os.path as osp
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 from mmengine.config import Config, ConfigDict, DictAction
@@ -24,9 +24,9 @@ from mmengine.logging import MMLogger, print_log
 from mmengine.runner import Runner
 
 from mmlinvit.config_scopes import register_config_scopes
-from mmlinvit.converters.checkpoint_file import check_checkpoint_file
+from mmlinvit.converters.checkpoint_file import CheckpointFileError, check_checkpoint_file
 
-from .accumulation import adapt_to_accumulation, check_amp_device
+from .accumulation import AmpDeviceError, adapt_to_accumulation, check_amp_device
 from .preflight import _strip_scope, check_inputs, clear_checkpoints
 from .resume import check_resume_or_load_from, resume_randomness, warn_changed_resume_config
 
@@ -384,6 +384,24 @@ class TTAConfigError(ValueError):
     """``--tta`` on a config without test-time augmentation settings."""
 
 
+class LaunchError(RuntimeError):
+    """A launcher that cannot start this process (e.g. ``--launcher slurm`` without GPUs)."""
+
+
+def user_errors() -> Tuple[type, ...]:
+    """Errors whose message names the problem and the fix: the tools print them as one
+    ``error:`` line (exit status 1) instead of a traceback."""
+    from mmlinvit.backbones.training_record import TrainingRecordMismatchError
+    from mmlinvit.converters.loading import CheckpointMismatchError
+    from mmlinvit.distill.errors import DistillationConfigError
+    from .checkpoint_coverage import CheckpointCoverageError
+    from .preflight import PreflightError
+    from .resume import ResumeError
+    return (PreflightError, ResumeError, CheckpointFileError, CheckpointMismatchError,
+            TrainingRecordMismatchError, DistillationConfigError, CheckpointCoverageError,
+            TTAConfigError, LaunchError, AmpDeviceError)
+
+
 def enable_tta(cfg: Config) -> None:
     """Evaluates with the config's ``tta_pipeline`` through its ``tta_model``, as mmseg's
     ``tools/test.py --tta``, except that the wrapped model keeps its own data preprocessor.
@@ -431,7 +449,7 @@ def init_cpu_distributed(launcher: str) -> None:
     if launcher == 'none' or torch.cuda.is_available():
         return
     if launcher != 'pytorch':
-        raise RuntimeError(f'--launcher {launcher} initialises NCCL on GPUs (mmengine) and '
+        raise LaunchError(f'--launcher {launcher} initialises NCCL on GPUs (mmengine) and '
                            f'this machine has none; on CPU-only machines start the processes '
                            f'with torchrun and --launcher pytorch (bash tools/dist_train.sh '
                            f'CONFIG N, with NNODES / NODE_RANK / MASTER_ADDR / PORT for several '
@@ -442,7 +460,7 @@ def init_cpu_distributed(launcher: str) -> None:
     required = ('RANK', 'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT')
     missing = [k for k in required if k not in os.environ]
     if missing:
-        raise RuntimeError(f'--launcher pytorch needs {missing} in the environment; start it '
+        raise LaunchError(f'--launcher pytorch needs {missing} in the environment; start it '
                            f'with tools/dist_train.sh (torchrun)')
     dist.init_process_group(backend='gloo')
 

@@ -1,0 +1,40 @@
+"""User mistakes on the command line end in one ``error:`` line naming the problem and the fix
+(exit status 1), not in a traceback from deep inside a library."""
+import copy
+
+import pytest
+import torch
+
+from train_testing import dump, load_tool, make_toy_scenes, toy_config
+
+pytestmark = pytest.mark.usefixtures('one_thread')
+
+
+@pytest.fixture(scope='module')
+def toy_root(tmp_path_factory) -> str:
+    return make_toy_scenes(str(tmp_path_factory.mktemp('toy') / 'toy_ade'))
+
+
+def test_a_checkpoint_of_another_operator_is_an_error_line(tmp_path, toy_root):
+    """An ELU+1 checkpoint evaluated with a softmax config: the message was right but came as
+    an AttentionOperatorMismatchError traceback."""
+    from mmengine.registry import MODELS, init_default_scope
+    cfg = toy_config(toy_root, str(tmp_path / 'wd'), max_iters=1)
+    init_default_scope('mmseg')
+    student = copy.deepcopy(cfg.model)
+    student.backbone.update(type='mmlinvit.LinearVisionTransformer', attn_cfg='elu')
+    ckpt = tmp_path / 'elu.pth'
+    torch.save({'meta': {}, 'state_dict': MODELS.build(student).state_dict()}, ckpt)
+    path = dump(cfg, str(tmp_path / 'softmax.py'))
+    with pytest.raises(SystemExit, match=r"(?s)^error: .*attn_cfg='elu'") as info:
+        load_tool('test').main([path, str(ckpt), '--work-dir', str(tmp_path / 'test')])
+    assert 'Traceback' not in str(info.value)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason='the CPU-only refusal')
+def test_a_gpu_launcher_on_a_cpu_machine_is_an_error_line(tmp_path, toy_root, monkeypatch):
+    """(--amp on CPU: tests/engine/test_accumulation.py.)"""
+    monkeypatch.delenv('WORLD_SIZE', raising=False)
+    path = dump(toy_config(toy_root, str(tmp_path / 'wd'), max_iters=1), str(tmp_path / 'c.py'))
+    with pytest.raises(SystemExit, match='(?s)^error: .*torchrun and --launcher pytorch'):
+        load_tool('train').main([path, '--work-dir', str(tmp_path / 'wd'), '--launcher', 'slurm'])
