@@ -515,6 +515,9 @@ def add_training_safeguards(cfg: Config) -> Config:
 
     * ``mmlinvit.CheckFiniteHook``: stop at the first non-finite loss / gradient norm, never
       save non-finite weights;
+    * mmengine's default optimizer-wrapper constructor becomes
+      ``mmlinvit.FrozenAwareOptimWrapperConstructor`` (same groups; frozen modules in one log
+      line instead of one warning per parameter);
     * mmengine's ``CheckpointHook`` becomes ``mmlinvit.AtomicCheckpointHook`` (a checkpoint
       is written under a temporary name and renamed, old ones are rotated out only after it;
       a resume inside an epoch of an epoch-based loop is warned about);
@@ -536,6 +539,11 @@ def add_training_safeguards(cfg: Config) -> Config:
     check_amp_device(cfg)
     adapt_to_accumulation(cfg)
     _add_custom_hook(cfg, 'mmlinvit.CheckFiniteHook')
+    wrapper = cfg.get('optim_wrapper', None)
+    default = 'DefaultOptimWrapperConstructor'
+    if isinstance(wrapper, dict) and wrapper.get('constructor', default) in (
+            default, f'mmengine.{default}'):
+        wrapper['constructor'] = 'mmlinvit.FrozenAwareOptimWrapperConstructor'
     checkpoint = (cfg.get('default_hooks') or {}).get('checkpoint')
     if isinstance(checkpoint, dict) and checkpoint.get('type') in (
             'CheckpointHook', 'mmengine.CheckpointHook', CheckpointHook):

@@ -1,0 +1,69 @@
+"""Frozen modules (a distillation teacher, ViT-AdaLA Stage 1's frozen MLPs) are reported in one
+line: mmengine warned once per parameter (about 590 warnings per DINOv2-L Stage-1 start)."""
+import logging
+
+import torch.nn as nn
+from mmengine.optim import DefaultOptimWrapperConstructor
+
+from mmlinvit.engine.optimizers import FrozenAwareOptimWrapperConstructor
+
+from train_testing import captured_log
+
+
+class Block(nn.Module):
+
+    def __init__(self):
+        super().__init__()
+        self.attn = nn.Linear(4, 4)
+        self.norm = nn.LayerNorm(4)
+        self.mlp = nn.Linear(4, 4)
+
+
+class Model(nn.Module):
+
+    def __init__(self):
+        super().__init__()
+        self.student = nn.ModuleList([Block(), Block()])
+        self.teacher = nn.ModuleList([Block(), Block()])
+        for p in self.teacher.parameters():
+            p.requires_grad = False
+        for block in self.student:
+            for p in list(block.mlp.parameters()) + list(block.norm.parameters()):
+                p.requires_grad = False
+
+
+CFG = dict(type='OptimWrapper', optimizer=dict(type='AdamW', lr=1e-3, weight_decay=0.05))
+PARAMWISE = dict(norm_decay_mult=0.0, bias_decay_mult=0.0)
+
+
+def _groups(wrapper, model):
+    names = {id(p): n for n, p in model.named_parameters()}
+    return sorted((names[id(p)], g['lr'], g['weight_decay'])
+                  for g in wrapper.optimizer.param_groups for p in g['params'])
+
+
+def test_same_groups_as_mmengine_and_one_line():
+    model = Model()
+    with captured_log(logging.INFO) as theirs_log:
+        theirs = DefaultOptimWrapperConstructor(dict(CFG), PARAMWISE)(model)
+    with captured_log(logging.INFO) as ours_log:
+        ours = FrozenAwareOptimWrapperConstructor(dict(CFG), PARAMWISE)(model)
+    assert _groups(ours, model) == _groups(theirs, model)
+    assert sum('is skipped since its requires_grad=False' in m for m in theirs_log) == 20
+    assert not any('is skipped since' in m for m in ours_log)
+    summary = [m for m in ours_log if m.startswith('Not optimised')]
+    assert summary == ['Not optimised (requires_grad=False): 20 parameter tensors of '
+                       'student.*.mlp (4), student.*.norm (4), teacher (12)'], summary
+
+
+def test_training_runs_use_it_for_the_default_constructor():
+    from mmengine.config import Config
+
+    from mmlinvit.engine.launch import add_training_safeguards
+    cfg = Config(dict(optim_wrapper=dict(CFG)))
+    add_training_safeguards(cfg)
+    assert cfg.optim_wrapper.constructor == 'mmlinvit.FrozenAwareOptimWrapperConstructor'
+    custom = Config(dict(optim_wrapper=dict(
+        CFG, constructor='mmlinvit.LayerDecayOptimWrapperConstructor')))
+    add_training_safeguards(custom)
+    assert custom.optim_wrapper.constructor == 'mmlinvit.LayerDecayOptimWrapperConstructor'
