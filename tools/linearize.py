@@ -20,6 +20,7 @@ student_cfg, teacher))``; rebuild the student with
 It holds only tensors and plain data, so ``torch.load(weights_only=True)`` reads it.
 """
 import argparse
+import inspect
 import json
 import os
 import sys
@@ -34,7 +35,8 @@ from mmlinvit.layers.attention import ATTENTION_OPERATORS
 from mmlinvit.layers.pos_embed import checkpoint_pos_grid, recorded_pos_grid
 from mmlinvit.backbones.training_record import (MLP_ACT_RECORD, TrainingRecordMismatchError,
                                                 decode_names)
-from mmlinvit.converters import check_state_dict_fits, layout_names, read_checkpoint
+from mmlinvit.converters import (CheckpointMismatchError, check_state_dict_fits, layout_names,
+                                 read_checkpoint)
 from mmlinvit.transfer import TRANSFER_STRATEGIES, transfer_weights
 from mmlinvit.utils.cli import add_trust_checkpoint_argument, checkpoint_io_parser
 
@@ -188,6 +190,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     strategy_options = parse_strategy_args(args.strategy_arg)
     arch = _parse_json_or_name(args.arch)
     check_names(attn_cfg, args.strategy, arch, args.family)
+    parameters = inspect.signature(TRANSFER_STRATEGIES.get(
+        args.strategy.removeprefix('mmlinvit.')).__init__).parameters.values()
+    accepted = [p.name for p in parameters if p.name != 'self' and p.kind != p.VAR_KEYWORD]
+    unknown = sorted(set(strategy_options) - set(accepted))
+    if unknown and not any(p.kind == p.VAR_KEYWORD for p in parameters):
+        usage_error(f'--strategy-arg {", ".join(unknown)}: not an option of strategy '
+                    f'{args.strategy!r}; its options: {", ".join(accepted) or "none"}')
 
     try:
         state_dict, conversion, _ = read_checkpoint(args.teacher_ckpt, layout=args.layout,
@@ -212,10 +221,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     source = f'{args.teacher_ckpt!r} (read as layout {conversion.source_layout!r})'
     try:
         teacher.check_checkpoint_act(state_dict, source)
+        check_state_dict_fits(teacher, state_dict, strict=True, source=source)
+    except CheckpointMismatchError as err:  # e.g. --arch / --family of another model
+        print(f'error: {err}\n(tools/linearize.py builds the teacher from --arch {arch!r} and '
+              f'--family {args.family!r}: give the ones of the checkpoint.)', file=sys.stderr)
+        return 1
     except TrainingRecordMismatchError as err:
         print(f'error: {err}', file=sys.stderr)
         return 1
-    check_state_dict_fits(teacher, state_dict, strict=True, source=source)
     teacher.load_state_dict(state_dict, strict=True)
 
     student_cfg = dict(teacher_cfg, attn_cfg=attn_cfg)

@@ -115,6 +115,9 @@ def load_checkpoint_file(path: str, trust_checkpoint: bool = False) -> StateDict
         UntrustedCheckpointError: when the file needs a full unpickle or is a TorchScript
             archive, and ``trust_checkpoint`` is False.
     """
+    if os.path.isdir(path):
+        raise FileNotFoundError(f'Checkpoint file {path!r} is a directory; give the checkpoint '
+                                f'file in it (e.g. {os.path.join(path, "<name>.pth")!r})')
     if not os.path.isfile(path):
         raise FileNotFoundError(f'Checkpoint file {path!r} does not exist')
     problem = checkpoint_file_problem(path)  # truncated / empty / not a checkpoint at all

@@ -48,6 +48,9 @@ def test_unknown_operator_is_an_error_line(teacher, tmp_path):
     (['--operator', '{"type": "nope"}'], "error: unknown operator 'nope'"),
     (['--operator', 'elu', '--arch', 'xl'], "error: unknown arch 'xl'"),
     (['--operator', 'elu', '--family', 'dino'], "error: unknown family 'dino'"),
+    (['--operator', 'elu', '--strategy', 'impulse', '--strategy-arg', 'stepz=5'],
+     "error: --strategy-arg stepz: not an option of strategy 'impulse'; its options: window, "
+     "steps"),
 ])
 def test_unknown_names_in_process(teacher, tmp_path, capsys, args, expected):
     sys.path.insert(0, osp.join(REPO, 'tools'))
@@ -62,7 +65,7 @@ def test_unknown_names_in_process(teacher, tmp_path, capsys, args, expected):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith(expected), err
-    if 'strategy' in expected:
+    if 'unknown strategy' in expected:
         assert all(name in err for name in TRANSFER_STRATEGIES.names)
 
 
@@ -92,3 +95,15 @@ def test_mhla_and_ttt_students_take_their_paper_setting(teacher, tmp_path, opera
     assert 'cls_token' not in weights and 'pos_embed' not in weights
     teacher_state = torch.load(teacher, weights_only=True)
     assert torch.equal(weights['blocks.0.mlp.fc1.weight'], teacher_state['blocks.0.mlp.fc1.weight'])
+
+
+def test_a_teacher_of_another_arch_is_an_error_line(teacher, tmp_path):
+    """--arch / --family that do not describe the checkpoint: the key / shape report came as a
+    CheckpointMismatchError traceback whose fix (strict=False) the command line cannot take."""
+    wider = TINY.replace('"embed_dims": 32', '"embed_dims": 48')
+    proc = _run([teacher, str(tmp_path / 's.pth'), '--arch', wider, '--operator', 'elu'])
+    assert proc.returncode == 1 and 'Traceback' not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith('error: ') and "--arch" in proc.stderr
+    assert not osp.exists(str(tmp_path / 's.pth'))
+    proc = _run([str(tmp_path), str(tmp_path / 's.pth'), '--arch', TINY, '--operator', 'elu'])
+    assert proc.returncode == 1 and 'is a directory' in proc.stderr, proc.stderr
