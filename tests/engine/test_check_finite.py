@@ -140,3 +140,21 @@ def test_amp_run_whose_every_step_is_skipped_stops(tmp_path, toy_root):
     assert not osp.exists(osp.join(work_dir, 'iter_16.pth'))
 
 
+
+
+@pytest.mark.usefixtures('cpu_amp')
+def test_amp_with_a_static_loss_scale_whose_every_step_is_skipped_stops(tmp_path, toy_root):
+    """loss_scale=512.0 (mmdet / mmseg fp16 configs): the scale never falls, so the run went on
+    to the end writing checkpoints of weights that had stopped changing, exit 0."""
+    work_dir = str(tmp_path / 'wd')
+    cfg = toy_config(toy_root, work_dir, max_iters=16, interval=4)
+    cfg.optim_wrapper.loss_scale = 512.0
+    cfg.custom_hooks = [dict(type='mmlinvit.CheckFiniteHook', max_skipped_steps=5)]
+    path = dump(cfg, str(tmp_path / 'cfg.py'),
+                hooks=[dict(type='PoisonHook', at_iter=3, param=PATCH_WEIGHT, what='grad',
+                            every_iter_after=True)])
+    with pytest.raises(FloatingPointError,
+                       match=r'skipped the last 5 optimizer steps in a row .*loss scale 512.*'
+                             r'at iteration 7.*iter_4\.pth.*loss_scale=.dynamic'):
+        load_tool('train').main([path, '--work-dir', work_dir, '--amp'])
+    assert not osp.exists(osp.join(work_dir, 'iter_8.pth'))

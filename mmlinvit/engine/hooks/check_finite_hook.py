@@ -74,7 +74,9 @@ class CheckFiniteHook(Hook):
       gradient norm is allowed: the loss scaler skips that step and lowers its scale; but a
       scale that fell below ``min_loss_scale`` means step after step was skipped (nothing
       trains while checkpoints keep being written), and stops the run (as fairseq's dynamic
-      loss scaler does);
+      loss scaler does).  The optimizer steps the scaler really takes are counted too, so
+      ``max_skipped_steps`` skipped steps in a row also stop it: a static ``loss_scale``
+      never falls;
     * all parameters and floating buffers of the model, when a checkpoint is due at this
       iteration / epoch (so a NaN checkpoint is never written and no good one is deleted
       for it).
@@ -86,15 +88,21 @@ class CheckFiniteHook(Hook):
             reduction over all weights per iteration), not only before checkpoints.
         min_loss_scale: With ``AmpOptimWrapper``: stop when a dynamic loss scale falls below
             this (from the default 65536, about 29 skipped steps without a good one between).
+        max_skipped_steps: With ``AmpOptimWrapper``: stop after this many optimizer steps in
+            a row that the loss scaler skipped (non-finite gradients), whatever the scale.
     """
 
     priority = 'ABOVE_NORMAL'
 
     def __init__(self, check_params_every_iter: bool = False,
-                 min_loss_scale: float = 1e-4) -> None:
+                 min_loss_scale: float = 1e-4, max_skipped_steps: int = 30) -> None:
         self.check_params_every_iter = check_params_every_iter
         self.min_loss_scale = min_loss_scale
+        self.max_skipped_steps = max_skipped_steps
         self._grad_lengths: Dict[str, int] = {}
+        self._steps_taken = 0
+        self._steps_seen = 0
+        self._skipped_in_a_row = 0
 
     # ------------------------------------------------------------------ helpers
     @staticmethod
@@ -128,11 +136,51 @@ class CheckFiniteHook(Hook):
             'no checkpoint was written yet'
 
     def _fail(self, runner, what: str, where: str) -> None:
+        precision = ('train in bf16 (--amp --cfg-options optim_wrapper.dtype=bfloat16) or fp32 '
+                     '(without --amp)' if self._amp(runner) else
+                     'try --amp with a dynamic loss scale')
         raise FloatingPointError(
             f'{what} at {where}; training stopped before anything non-finite was saved '
             f'({self._last_checkpoint(runner)}). Lower the learning rate, enable or tighten '
-            f'optim_wrapper.clip_grad, try --amp with a dynamic loss scale, or check the '
-            f'inputs of the failing term (resume from the last checkpoint with --resume).')
+            f'optim_wrapper.clip_grad, {precision}, or check the inputs of the failing term '
+            f'(resume from the last checkpoint with --resume).')
+
+    def _count_optimizer_steps(self, runner) -> None:
+        """Counts the optimizer steps an AMP loss scaler really takes (it skips
+        ``optimizer.step`` when the gradients are not finite)."""
+        wrapper = runner.optim_wrapper
+        if not isinstance(wrapper, AmpOptimWrapper):
+            return
+        optimizer = wrapper.optimizer
+        original = optimizer.step
+        hook = self
+
+        def counted_step(*args: Any, **kwargs: Any) -> Any:
+            hook._steps_taken += 1
+            return original(*args, **kwargs)
+
+        optimizer.step = counted_step
+
+    def _check_skipped_steps(self, runner, where: str) -> None:
+        wrapper = runner.optim_wrapper
+        if not isinstance(wrapper, AmpOptimWrapper) or not wrapper.should_update():
+            return  # no step due in this iteration (gradient accumulation)
+        if self._steps_taken > self._steps_seen:
+            self._steps_seen = self._steps_taken
+            self._skipped_in_a_row = 0
+            return
+        self._skipped_in_a_row += 1
+        if self._skipped_in_a_row >= self.max_skipped_steps:
+            scales = self._loss_scales(runner)
+            raise FloatingPointError(
+                f'The AMP loss scaler skipped the last {self._skipped_in_a_row} optimizer '
+                f'steps in a row (non-finite gradients; loss scale '
+                f'{scales[0] if scales else "?"}) at {where}: the weights have stopped '
+                f'changing ({self._last_checkpoint(runner)}). A static '
+                f'optim_wrapper.loss_scale does not fall: use loss_scale=\'dynamic\', lower '
+                f'the learning rate, enable or tighten optim_wrapper.clip_grad, or train in '
+                f'bf16 (--amp --cfg-options optim_wrapper.dtype=bfloat16) or fp32, then '
+                f'--resume; custom_hooks CheckFiniteHook max_skipped_steps sets the threshold.')
 
     def _check_params(self, runner, where: str) -> None:
         model = self._model(runner)
@@ -161,6 +209,7 @@ class CheckFiniteHook(Hook):
         """Remembers how many gradient norms are logged already (a resumed message hub)."""
         scalars = runner.message_hub.log_scalars
         self._grad_lengths = {k: len(scalars[k].data[0]) for k in GRAD_KEYS if k in scalars}
+        self._count_optimizer_steps(runner)
 
     def after_train_iter(self,
                          runner,
@@ -184,6 +233,7 @@ class CheckFiniteHook(Hook):
                     self._fail(runner, f'Non-finite gradient ({name}={number}; the loss was '
                                f'finite, so the backward pass overflowed)', where)
         else:
+            self._check_skipped_steps(runner, where)
             low = [scale for scale in self._loss_scales(runner) if scale < self.min_loss_scale]
             if low:
                 raise FloatingPointError(
@@ -192,7 +242,7 @@ class CheckFiniteHook(Hook):
                     f'because the gradients were not finite, so the weights have stopped '
                     f'changing ({self._last_checkpoint(runner)}). Lower the learning rate, '
                     f'enable or tighten optim_wrapper.clip_grad, or train in bf16 '
-                    f'(--cfg-options optim_wrapper.dtype=bfloat16) or fp32, then --resume; '
+                    f'(--amp --cfg-options optim_wrapper.dtype=bfloat16) or fp32, then --resume; '
                     f'custom_hooks CheckFiniteHook min_loss_scale sets the threshold.')
         if self.check_params_every_iter or checkpoint_due(runner, 'iter'):
             self._check_params(runner, where)
