@@ -106,7 +106,9 @@ class ActivationMatchingLoss(DistillLossBase):
         with autocast_disabled(s.device):  # fp32 math under AMP too (see the class doc)
             a_s = cosine_similarity_map(s.float(), keep)
             a_t = cosine_similarity_map(t.float(), keep)
-            per_row = 1.0 - (a_s * a_t).sum(-1)
+            # = 1 - <a_s, a_t> for unit rows, without its fp32 cancellation near 1 (the value
+            # was 30 % to 9x off below ~1e-7); gradients are the same (normalised rows)
+            per_row = 0.5 * (a_s - a_t).pow(2).sum(-1)
             weight = keep.float()
             per_image = (per_row * weight).sum(-1) / weight.sum(-1).clamp_min(1.0)
             return per_image.mean()
