@@ -13,7 +13,7 @@ Examples::
     python tools/test.py configs/adala_dinov2_ade20k.py work_dirs/x/iter_160000.pth
     python tools/test.py CONFIG CKPT --show-dir work_dirs/x/vis
     python tools/test.py CONFIG CKPT --cfg-options model.test_cfg.mode=slide
-    python tools/test.py CONFIG CKPT --tta   # multi-scale + flip (segmentation)
+    python tools/test.py CONFIG CKPT --tta   # multi-scale + flip (segmentation), flip (classification)
     bash tools/dist_test.sh CONFIG CKPT 8
 """
 import argparse
@@ -39,7 +39,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument('--interval', type=int, default=1, help='visualise every N-th sample')
     parser.add_argument('--tta', action='store_true',
                         help='test-time augmentation: the config\'s tta_pipeline (segmentation '
-                             'bases: 6 scales x horizontal flip) through its tta_model')
+                             'bases: 6 scales x horizontal flip) through its tta_model; '
+                             'classification configs without them: scores averaged with and '
+                             'without a horizontal flip (mmpretrain\'s default)')
     add_launch_arguments(parser, 'model.test_cfg.mode=slide')
     return parse_launch_args(parser, argv)
 

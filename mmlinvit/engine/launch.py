@@ -412,17 +412,30 @@ def enable_tta(cfg: Config) -> None:
     the Cityscapes Mask2Former configs; not the student's for a distillation model).  Here
     the model gets what it gets without TTA and the wrapper none.
 
+    An mmpretrain config without them gets mmpretrain's ``tools/test.py`` defaults: scores
+    averaged by ``AverageClsScoreTTA`` over the test pipeline with and without a horizontal
+    flip.
+
     Args:
         cfg: The test config, changed in place.
 
     Raises:
-        TTAConfigError: when the config has no ``tta_model`` / ``tta_pipeline``.
+        TTAConfigError: when an mmseg config has no ``tta_model`` / ``tta_pipeline``.
     """
+    if cfg.get('default_scope', None) == 'mmpretrain':
+        if not cfg.get('tta_model', None):
+            cfg.tta_model = dict(type='mmpretrain.AverageClsScoreTTA')
+        if not cfg.get('tta_pipeline', None):
+            pipeline = copy.deepcopy(cfg.test_dataloader.dataset.pipeline)
+            pipeline[-1] = dict(type='TestTimeAug', transforms=[
+                [dict(type='RandomFlip', prob=1.), dict(type='RandomFlip', prob=0.)],
+                [pipeline[-1]]])
+            cfg.tta_pipeline = pipeline
     missing = [key for key in ('tta_model', 'tta_pipeline') if not cfg.get(key, None)]
     if missing:
         raise TTAConfigError(f'--tta needs {" and ".join(missing)} in the config (the mmlinvit '
-                         f'segmentation bases define both: configs/_base_/datasets/*.py, '
-                         f'configs/_base_/default_runtime_seg.py)')
+                             f'segmentation bases define both: configs/_base_/datasets/*.py, '
+                             f'configs/_base_/default_runtime_seg.py)')
     module = copy.deepcopy(cfg.model)
     top = cfg.get('data_preprocessor', None)
     if top is not None and 'data_preprocessor' not in module:
