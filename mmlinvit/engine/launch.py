@@ -294,6 +294,13 @@ def prepare_train_config(cfg: Config,
         else:
             cfg.optim_wrapper.type = 'AmpOptimWrapper'
             cfg.optim_wrapper.setdefault('loss_scale', 'dynamic')
+    wrapper = cfg.get('optim_wrapper', None) or {}
+    for key in ('dtype', 'loss_scale'):  # AmpOptimWrapper's options: OptimWrapper refuses them
+        if key in wrapper and str(wrapper.get('type', 'OptimWrapper')).split('.')[-1] == \
+                'OptimWrapper':
+            raise ValueError(f'optim_wrapper.{key}={wrapper[key]!r} is an option of mixed '
+                             f'precision (AmpOptimWrapper); add --amp to train with it, or '
+                             f'drop it to train in fp32')
     if resume == 'auto':
         cfg.resume = True
         cfg.load_from = None

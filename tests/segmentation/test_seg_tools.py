@@ -231,6 +231,23 @@ def test_gpu_launchers_on_a_cpu_machine_name_torchrun():
     init_cpu_distributed('none')  # single process: nothing to do
 
 
+def test_amp_options_without_amp_are_refused_before_building():
+    """optim_wrapper.dtype=bfloat16 (CheckFiniteHook's advice) without --amp: a bare TypeError
+    from OptimWrapper once model and data were built."""
+    from mmengine.config import Config
+
+    from mmlinvit.engine.launch import prepare_train_config
+    path = osp.join(REPO, 'configs', 'demo', 'upernet_vit-tiny-softmax_1xb8-300it_toy-64x64.py')
+    cfg = Config.fromfile(path)
+    cfg.optim_wrapper.dtype = 'bfloat16'
+    with pytest.raises(ValueError, match=r'optim_wrapper.dtype=.bfloat16. .*add --amp'):
+        prepare_train_config(cfg, path)
+    cfg = Config.fromfile(path)
+    cfg.optim_wrapper.dtype = 'bfloat16'
+    prepare_train_config(cfg, path, amp=True)
+    assert cfg.optim_wrapper.type == 'AmpOptimWrapper'
+
+
 def test_train_flags_map_to_the_config(tmp_path):
     from mmengine.config import Config
 
