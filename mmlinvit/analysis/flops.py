@@ -57,7 +57,8 @@ from mmlinvit.ops.triton_utils import triton_available, triton_interpreter_enabl
 #: The counting convention, stated by every tool that prints FLOPs.
 FLOP_CONVENTION = ('FLOPs = 2 x MACs (one multiply-add = 2 FLOPs; matmul, conv, SDPA and the '
                    'linear-attention and SSD-scan kernels counted, the SSD scan at its '
-                   'configured chunk size; element-wise ops, norms and softmax not)')
+                   'configured chunk size; element-wise ops, norms, softmax and the Mamba-2 '
+                   'depthwise conv1d, which runs element-wise, not)')
 
 #: Module holding the Triton linear-attention autograd Function (imports triton).
 TRITON_LINEAR_ATTENTION_MODULE = 'mmlinvit.ops.linear_attention.triton_kernel'

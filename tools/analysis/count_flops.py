@@ -303,7 +303,7 @@ def main(argv: Optional[List[str]] = None) -> object:
     baseline_op = args.operators[0]
     header = (f'{"model":<10}{"size":>10}{"tokens":>8}{"operator":>10}{"counted GF":>13}'
               f'{"analytic GF":>13}{"exact GF":>12}{"cnt/exact":>10}{"cnt/anl":>9}'
-              f'{"x vs " + baseline_op + " (cnt)":>20}{"(anl)":>8}')
+              f'{baseline_op + "/op (cnt)":>20}{"(anl)":>8}')
     print(header)
     print('-' * len(header))
     for name in args.models:

@@ -139,7 +139,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
 #: Columns of the printed tables (the JSON has every field).
 LA_COLS = ('N', 'triton ms', 'graph triton ms', 'triton f+b ms', 'graph triton f+b ms',
-           'torch ms', 'torch/triton', 'fwd MiB', 'in L2', 'BW from', 'HBM fwd', 'HBM f+b',
+           'torch ms', 'torch/triton', 'fwd traffic MiB', 'in L2', 'BW from', 'HBM fwd', 'HBM f+b',
            'fwd vs copy', 'target >=0.7')
 SDPA_COLS = ('N', 'sdpa', 'ms', 'sdpa/triton', 'graph ms', 'graph sdpa/triton', 'f+b ms',
              'f+b sdpa/triton', 'aten op', 'kernel')

@@ -174,7 +174,7 @@ def section_linear_attention(run: SuiteRun, sizes: Sizes, peak_bw: Optional[floa
                                   for w in (why, why_fb))  # fwd/f+b
         if device.type == 'cuda' and (why or why_fb):
             row['BW note'] = f'eager times used: {why or why_fb}'
-        row['fwd MiB'] = 4 * nbytes / 2**20
+        row['fwd traffic MiB'] = 4 * nbytes / 2**20  # q, k, v read + out written
         row['in L2'] = 'yes' if (4 * nbytes <= l2 if l2 else n < L2_RULE_TOKENS) else 'no'
         bytes_per_s = 4 * nbytes / (t_bw * 1e-3)
         row['HBM fwd'] = bytes_per_s / peak_bw if peak_bw else None
