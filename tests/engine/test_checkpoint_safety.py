@@ -106,3 +106,54 @@ def test_epoch_loop_resumed_inside_an_epoch_is_warned(tmp_path, capfd):
     output = ' '.join(''.join(capfd.readouterr()).split())
     assert sorted(resumed) == [7, 8, 9, 10]  # epoch 2 (iterations 5-8) restarted from its start
     assert '2 of the 4 iterations of epoch 2' in output and 'by_epoch=True' in output
+
+
+def _with_validation(cfg, data_root: str, rule: str):
+    from mmengine.config import Config
+
+    from train_testing import DEMO_TEACHER
+    demo = Config.fromfile(DEMO_TEACHER)
+    cfg.val_dataloader = demo.val_dataloader
+    cfg.val_dataloader.update(num_workers=0, persistent_workers=False)
+    cfg.val_dataloader.dataset.data_root = data_root
+    cfg.val_evaluator = demo.val_evaluator
+    cfg.val_cfg = dict(type='ValLoop')
+    cfg.train_cfg.val_interval = 4
+    cfg.default_hooks.checkpoint.update(save_best='mIoU', rule=rule)
+    return cfg
+
+
+def test_kill_while_saving_the_best_checkpoint_keeps_the_previous_best(tmp_path, toy_root,
+                                                                      monkeypatch):
+    """save_best: mmengine removed the previous best before writing the new one under its
+    final name; a kill mid-write left a truncated best and no intact one."""
+    import glob
+    import json
+
+    import mmengine.runner.runner as runner_module
+    probe = str(tmp_path / 'probe')
+    train_in_process(_with_validation(toy_config(toy_root, 'unused', max_iters=8, interval=4),
+                                      toy_root, 'greater'), tmp_path, 'probe', probe)
+    scalars = glob.glob(osp.join(probe, '*', 'vis_data', 'scalars.json'))[0]
+    miou = [json.loads(line)['mIoU'] for line in open(scalars) if '"mIoU"' in line]
+    assert len(miou) == 2 and miou[0] != miou[1], miou
+    rule = 'greater' if miou[1] > miou[0] else 'less'  # the iteration-8 result is the best
+    cfg = _with_validation(toy_config(toy_root, 'unused', max_iters=8, interval=4), toy_root,
+                           rule)
+    work_dir = str(tmp_path / 'wd')
+    save = runner_module.save_checkpoint
+
+    def killed_writing_the_best(checkpoint, filename, **kwargs):
+        if osp.basename(filename).startswith('best_') and checkpoint['meta']['iter'] == 8:
+            with open(filename, 'wb') as f:
+                f.write(b'PK\x03\x04 half of a checkpoint')
+            raise Killed(filename)
+        return save(checkpoint, filename, **kwargs)
+
+    monkeypatch.setattr(runner_module, 'save_checkpoint', killed_writing_the_best)
+    with pytest.raises(Killed):
+        train_in_process(cfg, tmp_path, 'first', work_dir)
+    best = sorted(p for p in os.listdir(work_dir) if p.startswith('best_'))
+    assert best == ['best_mIoU_iter_4.pth'], best  # intact, no partial file
+    from mmlinvit.converters.checkpoint_file import checkpoint_file_problem
+    assert checkpoint_file_problem(osp.join(work_dir, best[0])) is None

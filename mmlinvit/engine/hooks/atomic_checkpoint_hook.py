@@ -1,23 +1,26 @@
 """mmengine's ``CheckpointHook`` that never leaves a run without an intact checkpoint.
 
 mmengine's hook, with ``max_keep_ckpts``, deletes the oldest kept checkpoint *before* it
-writes the new one, and writes the new one under its final name.  A job killed (preemption,
-OOM killer, wall time) or a disk that fills up while ``iter_N.pth`` is written then leaves a
-truncated ``iter_N.pth`` and one checkpoint fewer; with ``max_keep_ckpts=1`` (the ViT-AdaLA
-Stage-1 config) nothing to resume from at all.  This hook writes ``<name>.part`` and renames
-it (an atomic ``os.replace``), points ``last_checkpoint`` at it the same way, and only then
-removes the checkpoints ``max_keep_ckpts`` rotates out.  A failed write removes its ``.part``
-file and leaves the earlier checkpoints as they were.  ``tools/train.py`` uses it in place
-of mmengine's ``CheckpointHook`` (same arguments; see :mod:`mmlinvit.engine.launch`).
+writes the new one, writes the new one under its final name, and does the same with the
+best checkpoint of ``save_best`` (the previous best is removed first).  A job killed
+(preemption, OOM killer, wall time) or a disk that fills up while ``iter_N.pth`` or
+``best_*.pth`` is written then leaves a truncated file and one checkpoint fewer; with
+``max_keep_ckpts=1`` (the ViT-AdaLA Stage-1 config) nothing to resume from at all.  This hook
+runs mmengine's saving code with two changes: each file is written as ``<name>.part`` and
+renamed (an atomic ``os.replace``), and the files mmengine removes (rotated-out checkpoints,
+the previous best) are removed only after the new file is in place.  A failed write removes
+its ``.part`` file and leaves the earlier checkpoints as they were.  ``tools/train.py`` uses it
+in place of mmengine's ``CheckpointHook`` (same arguments; see :mod:`mmlinvit.engine.launch`).
 
 On resume it also says when the training loop cannot continue where the checkpoint was
 taken: an epoch-based loop resumed from a checkpoint taken inside an epoch
 (``by_epoch=False``) restarts that epoch from its first batch.
 """
+import contextlib
 import logging
 import os
 import os.path as osp
-from typing import Optional
+from typing import Iterator, List
 
 from mmengine.dist import is_main_process
 from mmengine.fileio import LocalBackend
@@ -33,7 +36,7 @@ PART_SUFFIX = '.part'
 
 @HOOKS.register_module()
 class AtomicCheckpointHook(CheckpointHook):
-    """``CheckpointHook`` (same arguments) that writes, renames, then rotates.
+    """``CheckpointHook`` (same arguments) whose saves are written, renamed, then rotated.
 
     Remote ``out_dir`` backends (no rename) keep mmengine's behaviour.
     """
@@ -43,50 +46,54 @@ class AtomicCheckpointHook(CheckpointHook):
         self._warn_mid_epoch_resume(runner)
 
     def _save_checkpoint_with_step(self, runner, step, meta) -> None:
-        if not isinstance(self.file_backend, LocalBackend):
-            return super()._save_checkpoint_with_step(runner, step, meta)
-        rotated_out: Optional[int] = None
-        if self.max_keep_ckpts > 0 and not (self.keep_ckpt_ids
-                                             and self.keep_ckpt_ids[-1] == step):
-            if len(self.keep_ckpt_ids) == self.max_keep_ckpts:
-                rotated_out = self.keep_ckpt_ids.popleft()
-            self.keep_ckpt_ids.append(step)
-            runner.message_hub.update_info('keep_ckpt_ids', list(self.keep_ckpt_ids))
+        with self._atomic_saves(runner):
+            super()._save_checkpoint_with_step(runner, step, meta)
 
-        filename = self.filename_tmpl.format(step)
-        final = self.file_backend.join_path(self.out_dir, filename)
-        part = final + PART_SUFFIX
-        self.last_ckpt = final
-        runner.message_hub.update_info('last_ckpt', self.last_ckpt)
-        try:
-            runner.save_checkpoint(
-                self.out_dir,
-                filename + PART_SUFFIX,
-                self.file_client_args,
-                save_optimizer=self.save_optimizer,
-                save_param_scheduler=self.save_param_scheduler,
-                meta=meta,
-                by_epoch=self.by_epoch,
-                backend_args=self.backend_args,
-                **self.args)
-            if is_main_process():
-                os.replace(part, final)
-        except BaseException:
-            if is_main_process() and osp.exists(part):
-                os.remove(part)
-            raise
-        if not is_main_process():
+    def _save_best_checkpoint(self, runner, metrics) -> None:
+        with self._atomic_saves(runner):
+            super()._save_best_checkpoint(runner, metrics)
+
+    @contextlib.contextmanager
+    def _atomic_saves(self, runner) -> Iterator[None]:
+        """Inside: ``runner.save_checkpoint`` writes ``.part`` files and renames them, and
+        the removals of ``self.file_backend`` wait until the block has succeeded."""
+        if not isinstance(self.file_backend, LocalBackend) or getattr(self, '_saving', False):
+            yield  # a remote backend, or inside another save (already atomic)
             return
-        pointer = osp.join(runner.work_dir, 'last_checkpoint')
-        with open(pointer + PART_SUFFIX, 'w') as f:
-            f.write(self.last_ckpt)
-        os.replace(pointer + PART_SUFFIX, pointer)
-        if rotated_out is not None:
-            old = self.file_backend.join_path(self.out_dir, self.filename_tmpl.format(rotated_out))
-            if osp.isfile(old):
-                os.remove(old)
-            elif osp.isdir(old):  # deepspeed checkpoints are folders
-                self.file_backend.rmtree(old)
+        backend, save = self.file_backend, runner.save_checkpoint
+        removals: List[str] = []
+        written: List[str] = []
+
+        def save_then_rename(out_dir: str, filename: str, *args, **kwargs) -> None:
+            final = osp.join(out_dir, filename)
+            part = final + PART_SUFFIX
+            try:
+                save(out_dir, filename + PART_SUFFIX, *args, **kwargs)
+                if is_main_process():
+                    os.replace(part, final)
+                    written.append(osp.normpath(final))
+            except BaseException:
+                if is_main_process() and osp.exists(part):
+                    os.remove(part)
+                raise
+
+        backend.remove = removals.append
+        backend.rmtree = removals.append
+        runner.save_checkpoint = save_then_rename
+        self._saving = True
+        try:
+            yield
+        finally:
+            self._saving = False
+            del backend.remove, backend.rmtree  # the class's methods again
+            del runner.save_checkpoint
+        for path in removals:  # only after every new file is in place
+            if osp.normpath(path) in written:  # re-saved under the same name
+                continue
+            if osp.isdir(path):  # deepspeed checkpoints are folders
+                backend.rmtree(path)
+            elif osp.exists(path):
+                os.remove(path)
 
     @staticmethod
     def _warn_mid_epoch_resume(runner) -> None:
