@@ -224,8 +224,8 @@ def adapt_to_device(cfg: Config, launcher: str = 'none') -> None:
     replaced = replace_sync_bn(cfg.get('model', {}))
     if replaced:
         several = (' (BN statistics are then those of each process\'s batch, not of the '
-                   'global batch, and checkpoints keep rank 0\'s running statistics)'
-                   if launcher != 'none' else '')
+                   'global batch; the running statistics are averaged over the processes '
+                   'before checkpoints and validation)' if launcher != 'none' else '')
         print_log(f'No CUDA device: replaced {replaced} SyncBN layer config(s) by BN{several}',
                   logger='current', level=logging.WARNING)
     if cfg.get('env_cfg', None) is None:
@@ -535,6 +535,8 @@ def add_training_safeguards(cfg: Config) -> Config:
 
     * ``mmlinvit.CheckFiniteHook``: stop at the first non-finite loss / gradient norm, never
       save non-finite weights;
+    * ``mmlinvit.SyncNormStatsHook``: with several processes, plain BatchNorm statistics
+      averaged over them before checkpoints and validation (no-op otherwise);
     * mmengine's default optimizer-wrapper constructor becomes
       ``mmlinvit.FrozenAwareOptimWrapperConstructor`` (same groups; frozen modules in one log
       line instead of one warning per parameter);
@@ -559,6 +561,7 @@ def add_training_safeguards(cfg: Config) -> Config:
     check_amp_device(cfg)
     adapt_to_accumulation(cfg)
     _add_custom_hook(cfg, 'mmlinvit.CheckFiniteHook')
+    _add_custom_hook(cfg, 'mmlinvit.SyncNormStatsHook')
     wrapper = cfg.get('optim_wrapper', None)
     default = 'DefaultOptimWrapperConstructor'
     if isinstance(wrapper, dict) and wrapper.get('constructor', default) in (

@@ -7,8 +7,8 @@ import os.path as osp
 
 import pytest
 
-from train_testing import (captured_log, make_image_folder, make_toy_scenes, toy_cls_config,
-                           toy_config, train_in_process)
+from train_testing import (captured_log, logged_metric, make_image_folder, make_toy_scenes,
+                           toy_cls_config, toy_config, train_in_process, with_validation)
 
 pytestmark = pytest.mark.usefixtures('one_thread')
 
@@ -108,38 +108,19 @@ def test_epoch_loop_resumed_inside_an_epoch_is_warned(tmp_path, capfd):
     assert '2 of the 4 iterations of epoch 2' in output and 'by_epoch=True' in output
 
 
-def _with_validation(cfg, data_root: str, rule: str):
-    from mmengine.config import Config
-
-    from train_testing import DEMO_TEACHER
-    demo = Config.fromfile(DEMO_TEACHER)
-    cfg.val_dataloader = demo.val_dataloader
-    cfg.val_dataloader.update(num_workers=0, persistent_workers=False)
-    cfg.val_dataloader.dataset.data_root = data_root
-    cfg.val_evaluator = demo.val_evaluator
-    cfg.val_cfg = dict(type='ValLoop')
-    cfg.train_cfg.val_interval = 4
-    cfg.default_hooks.checkpoint.update(save_best='mIoU', rule=rule)
-    return cfg
-
-
 def test_kill_while_saving_the_best_checkpoint_keeps_the_previous_best(tmp_path, toy_root,
                                                                       monkeypatch):
     """save_best: mmengine removed the previous best before writing the new one under its
     final name; a kill mid-write left a truncated best and no intact one."""
-    import glob
-    import json
-
     import mmengine.runner.runner as runner_module
     probe = str(tmp_path / 'probe')
-    train_in_process(_with_validation(toy_config(toy_root, 'unused', max_iters=8, interval=4),
-                                      toy_root, 'greater'), tmp_path, 'probe', probe)
-    scalars = glob.glob(osp.join(probe, '*', 'vis_data', 'scalars.json'))[0]
-    miou = [json.loads(line)['mIoU'] for line in open(scalars) if '"mIoU"' in line]
-    assert len(miou) == 2 and miou[0] != miou[1], miou
-    rule = 'greater' if miou[1] > miou[0] else 'less'  # the iteration-8 result is the best
-    cfg = _with_validation(toy_config(toy_root, 'unused', max_iters=8, interval=4), toy_root,
-                           rule)
+    train_in_process(with_validation(toy_config(toy_root, 'unused', max_iters=8, interval=4),
+                                     toy_root, save_best='mIoU'), tmp_path, 'probe', probe)
+    miou = logged_metric(probe, 'mIoU')
+    assert sorted(miou) == [4, 8] and miou[4] != miou[8], miou
+    rule = 'greater' if miou[8] > miou[4] else 'less'  # the iteration-8 result is the best
+    cfg = with_validation(toy_config(toy_root, 'unused', max_iters=8, interval=4), toy_root,
+                          save_best='mIoU', rule=rule)
     work_dir = str(tmp_path / 'wd')
     save = runner_module.save_checkpoint
 

@@ -7,6 +7,7 @@ gloo run (tools/dist_train.sh).
 The data pipeline runs on per-sample streams (mmlinvit.engine.sample_seeding), so the losses
 are also the same for every ``num_workers``: the runs below mix 0 and 2 across the checkpoint.
 """
+import json
 import os.path as osp
 import shutil
 import socket
@@ -15,8 +16,9 @@ import sys
 import pytest
 
 from torchrun_retry import run_multiprocess
-from train_testing import (REPO, dump, env_for_subprocess, make_image_folder, make_toy_scenes,
-                           read_losses, toy_cls_config, toy_config, train_in_process)
+from train_testing import (REPO, dump, env_for_subprocess, logged_metric, make_image_folder,
+                           make_toy_scenes, read_losses, toy_cls_config, toy_config,
+                           train_in_process, with_validation)
 
 
 pytestmark = pytest.mark.usefixtures('one_thread')
@@ -95,11 +97,20 @@ def _dist_train(cfg, tmp_path, name, work_dir, *flags, hooks=()):
 def test_resume_is_exact_in_a_two_process_gloo_run(tmp_path, toy_root):
     # Three launches: uninterrupted with 2 workers per rank, stopped hard after the
     # iteration-8 checkpoint with num_workers=0, resumed with 2 workers per rank.
+    # validation at 4, 8 and 10: plain BN keeps per-process running statistics, which are
+    # averaged before checkpoints and validation (SyncNormStatsHook), so the resumed run
+    # validates as the uninterrupted one (it differed: every rank loaded rank 0's)
     def cfg(num_workers):
-        return toy_config(toy_root, 'unused', max_iters=10, interval=4, num_workers=num_workers)
+        return with_validation(toy_config(toy_root, 'unused', max_iters=10, interval=4,
+                                          num_workers=num_workers), toy_root)
 
-    proc, full = _dist_train(cfg(2), tmp_path, 'full', str(tmp_path / 'full'))
+    stats = str(tmp_path / 'norm_stats.jsonl')
+    proc, full = _dist_train(cfg(2), tmp_path, 'full', str(tmp_path / 'full'),
+                             hooks=[dict(type='DumpNormStatsHook', path=stats)])
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    with open(stats) as f:
+        per_rank = {row['rank']: row['stats'] for row in map(json.loads, f)}
+    assert per_rank[0] and per_rank[0] == per_rank[1]  # what was validated and saved
     assert sorted(full) == [0, 1] and all(sorted(full[r]) == list(range(1, 11)) for r in (0, 1))
     assert full[0][1]['loss'] != full[1][1]['loss']  # the ranks see different samples
     # each rank draws its own dropout / drop-path masks (seed + rank, as DeiT / DINOv2)
@@ -118,3 +129,7 @@ def test_resume_is_exact_in_a_two_process_gloo_run(tmp_path, toy_root):
     for rank in (0, 1):
         assert sorted(resumed[rank]) == [9, 10]
         _assert_same(resumed[rank], full[rank], 9, 10, f'rank {rank} after resume')
+    full_miou, resumed_miou = (logged_metric(str(tmp_path / 'full'), 'mIoU'),
+                               logged_metric(work_dir, 'mIoU'))
+    assert sorted(full_miou) == [4, 8, 10] and resumed_miou[10] == full_miou[10], (
+        full_miou, resumed_miou)

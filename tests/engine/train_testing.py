@@ -5,6 +5,7 @@ The hooks are registered in mmengine's root HOOKS registry; runs in other proces
 import this module through ``custom_imports`` (``tests/engine`` on ``PYTHONPATH``).
 """
 import contextlib
+import glob
 import importlib.util
 import json
 import logging
@@ -99,6 +100,34 @@ def toy_config(data_root: str, work_dir: str, max_iters: int = 12, interval: int
     cfg.default_hooks.visualization = dict(type='SegVisualizationHook')
     cfg.log_level = 'INFO'
     return cfg
+
+
+def with_validation(cfg: Config, data_root: str, interval: int = 4,
+                    save_best: Optional[str] = None, rule: str = 'greater') -> Config:
+    """Gives a :func:`toy_config` the demo's validation (2 toy images, mIoU) every
+    ``interval`` iterations, and ``save_best`` when given."""
+    demo = Config.fromfile(DEMO_TEACHER)
+    cfg.val_dataloader = demo.val_dataloader
+    cfg.val_dataloader.update(num_workers=0, persistent_workers=False)
+    cfg.val_dataloader.dataset.data_root = data_root
+    cfg.val_evaluator = demo.val_evaluator
+    cfg.val_cfg = dict(type='ValLoop')
+    cfg.train_cfg.val_interval = interval
+    if save_best:
+        cfg.default_hooks.checkpoint.update(save_best=save_best, rule=rule)
+    return cfg
+
+
+def logged_metric(work_dir: str, key: str) -> Dict[int, float]:
+    """``{step: value}`` of a validation metric in the run logs of ``work_dir`` (all runs)."""
+    values: Dict[int, float] = {}
+    for path in sorted(glob.glob(osp.join(work_dir, '*', 'vis_data', 'scalars.json'))):
+        with open(path) as f:
+            for line in f:
+                row = json.loads(line)
+                if key in row:
+                    values[int(row['step'])] = float(row[key])
+    return values
 
 
 #: ViT-AdaLA Stage 3 classification: mmpretrain ImageClassifier, epoch-based, with
@@ -256,6 +285,23 @@ class StopHook(Hook):
     def after_train_epoch(self, runner) -> None:
         if self.after_epoch is not None and runner.epoch + 1 == self.after_epoch:
             self._stop(f'epoch {self.after_epoch}')
+
+
+@HOOKS.register_module(force=True)
+class DumpNormStatsHook(Hook):
+    """Appends ``{rank, stats}`` (the BatchNorm running means, flattened) after training."""
+
+    priority = 'LOWEST'
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def after_train(self, runner) -> None:
+        model = runner.model.module if is_model_wrapper(runner.model) else runner.model
+        stats = [float(v) for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)
+                 for v in m.running_mean.flatten()]
+        with open(self.path, 'a') as f:
+            f.write(json.dumps(dict(rank=runner.rank, stats=stats)) + '\n')
 
 
 @HOOKS.register_module(force=True)

@@ -6,5 +6,6 @@ from .distill_loss_schedule_hook import DistillLossScheduleHook
 from .export_student_hook import ExportStudentHook
 from .random_state_hook import RandomStateHook
 from .seg_visualization_hook import SegVisualizationHook
+from .sync_norm_stats_hook import SyncNormStatsHook
 
-__all__ = ['AtomicCheckpointHook', 'CheckFiniteHook', 'CheckpointCoverageHook', 'DistillLossScheduleHook', 'ExportStudentHook', 'RandomStateHook', 'SegVisualizationHook']
+__all__ = ['AtomicCheckpointHook', 'CheckFiniteHook', 'CheckpointCoverageHook', 'DistillLossScheduleHook', 'ExportStudentHook', 'RandomStateHook', 'SegVisualizationHook', 'SyncNormStatsHook']
