@@ -21,6 +21,12 @@ class MMLoggerForwarder(logging.Handler):
     """Writes each record to the file handlers of the current MMLogger (if one exists)."""
 
     def emit(self, record: logging.LogRecord) -> None:
+        # Being a handler, this one stops Python from printing WARNINGs on stderr by itself
+        # (its last-resort handler runs only when no logger on the way has a handler): do it
+        # here when the application configured no root handler, as before the forwarding.
+        if not logging.getLogger().handlers and logging.lastResort is not None and \
+                record.levelno >= logging.lastResort.level:
+            logging.lastResort.handle(record)
         if not MMLogger._instance_dict:  # no Runner / tool logger yet: nothing to add
             return
         for handler in MMLogger.get_current_instance().handlers:

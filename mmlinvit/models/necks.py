@@ -73,7 +73,8 @@ class FullGridFeature2Pyramid(Feature2Pyramid):
     """mmseg's ``Feature2Pyramid`` (4x, 2x, 1x, 0.5x of a stride-p ViT map) on any grid.
 
     The same modules, parameters and checkpoint keys as mmseg's neck, and the same outputs
-    when the patch grid's sides are even.  Its downsampled levels (0.5x, 0.25x) use
+    when the patch grid's sides are multiples of the downsampling factors (even for 0.5x,
+    multiples of 4 for 0.25x).  Its downsampled levels (0.5x, 0.25x) use
     :class:`CoveringMaxPool2d`, so on an odd grid (518 px at patch 14: 37 patches, 1022:
     73; any whole-image test whose side gives an odd patch count) they still cover the whole
     image instead of dropping the last patch row and column.  Use it as

@@ -43,3 +43,18 @@ def test_the_load_report_reaches_the_log_file(tmp_path):
         handler.flush()
     text = log_file.read_text()
     assert f"Loaded '{path}'" in text and 'VisionTransformer' in text and 'grid (6, 6)' in text
+
+
+def test_warnings_still_reach_stderr_without_root_handlers():
+    """The forwarder is a handler of the mmlinvit logger, so Python's last-resort stderr
+    handler never ran: "N tensor(s) ... are not in the checkpoint" reached no console."""
+    import subprocess
+    import sys
+    script = ('import logging, mmlinvit.registry\n'
+              'from mmengine.logging import MMLogger\n'
+              "MMLogger.get_instance('x', log_level='INFO')\n"
+              "logging.getLogger('mmlinvit.converters.loading').warning('12 tensors missing')\n")
+    proc = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert (proc.stderr + proc.stdout).count('12 tensors missing') == 1, proc.stderr
