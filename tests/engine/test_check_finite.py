@@ -158,3 +158,21 @@ def test_amp_with_a_static_loss_scale_whose_every_step_is_skipped_stops(tmp_path
                              r'at iteration 7.*iter_4\.pth.*loss_scale=.dynamic'):
         load_tool('train').main([path, '--work-dir', work_dir, '--amp'])
     assert not osp.exists(osp.join(work_dir, 'iter_8.pth'))
+
+
+def test_the_message_names_the_checkpoint_on_disk(tmp_path):
+    """In before_save_checkpoint, mmengine's message hub already names the checkpoint being
+    refused (iter_8.pth, never written); the message must name last_checkpoint's target."""
+    from types import SimpleNamespace
+
+    from mmengine.logging import MessageHub
+
+    from mmlinvit.engine.hooks import CheckFiniteHook
+    hub = MessageHub.get_instance('check_finite_message_test')
+    hub.update_info('last_ckpt', str(tmp_path / 'iter_8.pth'))
+    (tmp_path / 'last_checkpoint').write_text(str(tmp_path / 'iter_4.pth'))
+    runner = SimpleNamespace(work_dir=str(tmp_path), message_hub=hub)
+    assert CheckFiniteHook._last_checkpoint(runner) == \
+        f'the last checkpoint, {tmp_path / "iter_4.pth"}, was written before this'
+    (tmp_path / 'last_checkpoint').unlink()
+    assert CheckFiniteHook._last_checkpoint(runner) == 'no checkpoint was written yet'

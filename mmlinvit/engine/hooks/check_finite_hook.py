@@ -5,6 +5,7 @@ log), writes NaN checkpoints and, with ``max_keep_ckpts``, rotates the last good
 ``tools/train.py`` adds this hook to every run (see :mod:`mmlinvit.engine.launch`).
 """
 import math
+import os.path as osp
 from typing import Any, Dict, List, Optional
 
 import torch
@@ -131,7 +132,13 @@ class CheckFiniteHook(Hook):
 
     @staticmethod
     def _last_checkpoint(runner) -> str:
-        last = runner.message_hub.get_info('last_ckpt')
+        # the pointer file, not message_hub['last_ckpt']: mmengine sets that one before the
+        # checkpoint is written, i.e. to the file being refused in before_save_checkpoint
+        pointer = osp.join(runner.work_dir, 'last_checkpoint')
+        last = None
+        if osp.isfile(pointer):
+            with open(pointer) as f:
+                last = f.read().strip() or None
         return f'the last checkpoint, {last}, was written before this' if last else \
             'no checkpoint was written yet'
 
