@@ -585,7 +585,9 @@ def build_runner(cfg: Config, mode: str = 'train', checkpoint: Optional[str] = N
     or an error when there is none; :mod:`mmlinvit.engine.resume`), the checkpoint to load is
     checked, a resumed run without ``randomness.seed`` takes the interrupted run's seed
     (:func:`mmlinvit.engine.resume.resume_randomness`), and :func:`add_training_safeguards` is
-    applied.  For testing, the checkpoint file is checked.
+    applied.  For testing, the checkpoint file is checked.  What these checks log (resume
+    choices, config warnings) is also written to the run's log file, which the runner
+    creates after them.
 
     Args:
         cfg: The prepared config.
@@ -595,6 +597,35 @@ def build_runner(cfg: Config, mode: str = 'train', checkpoint: Optional[str] = N
     Returns:
         The runner.
     """
+    collector = _Collector()
+    logger = MMLogger.get_current_instance()
+    logger.addHandler(collector)
+    try:
+        runner = _checked_runner(cfg, mode, checkpoint)
+    finally:
+        logger.removeHandler(collector)
+    # what the checks logged before the run's log file existed goes into it too
+    for handler in runner.logger.handlers if runner.logger is not logger else []:
+        if isinstance(handler, logging.FileHandler):
+            for record in collector.records:
+                if record.levelno >= handler.level:
+                    handler.handle(record)
+    return runner
+
+
+class _Collector(logging.Handler):
+    """Keeps the INFO+ records logged while :func:`build_runner` checks its inputs."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.records: List[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def _checked_runner(cfg: Config, mode: str, checkpoint: Optional[str]) -> Runner:
+    """:func:`build_runner` without the log-file replay."""
     check_inputs(cfg, mode=mode, checkpoint=checkpoint)
     if mode == 'train':
         cfg.load_from = check_resume_or_load_from(bool(cfg.get('resume', False)),

@@ -82,7 +82,8 @@ def resume_candidates(work_dir: str) -> Tuple[Optional[str], List[str], List[str
     stale: List[str] = []
     if latest is not None and osp.exists(latest):
         written, step = mtime(latest), _step(latest)
-        stale = sorted(p for p in numbered if _step(p) > step >= 0 and mtime(p) < written)
+        stale = sorted((p for p in numbered if _step(p) > step >= 0 and mtime(p) < written),
+                       key=_step)
         numbered -= set(stale)
 
     def newest_first(path: str) -> Tuple[float, bool, float]:

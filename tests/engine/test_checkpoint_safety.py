@@ -72,6 +72,11 @@ def test_resume_ignores_an_earlier_runs_checkpoints(tmp_path, toy_root):
         resumed = train_in_process(cfg, tmp_path, 'resumed', work_dir, '--resume')
     assert sorted(resumed) == [5, 6, 7, 8]
     assert any('iter_12.pth' in m and 'earlier run' in m and 'not resumed' in m for m in warned)
+    # logged before the runner existed, and still in the run's log files
+    import glob
+    logs = [open(p).read() for p in sorted(glob.glob(osp.join(work_dir, '*', '*.log')))]
+    assert any('already holds checkpoints of an earlier run' in text for text in logs)
+    assert 'not resumed' in logs[-1]
 
 
 def test_resume_with_a_changed_lr_and_schedule_is_warned(tmp_path, toy_root):
