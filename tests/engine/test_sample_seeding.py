@@ -105,8 +105,10 @@ def test_train_tool_wraps_the_loader_once_and_can_be_switched_off():
     assert cfg.train_dataloader.sampler == dict(type='mmlinvit.SampleSeedSampler',
                                                 sampler=loader['sampler'])
     assert [h['type'] for h in cfg.custom_hooks] == [
-        'EMAHook', 'mmlinvit.CheckFiniteHook', 'mmlinvit.RandomStateHook']
+        'EMAHook', 'mmlinvit.CheckFiniteHook', 'mmlinvit.SyncNormStatsHook',
+        'mmlinvit.RandomStateHook']
     off = Config(dict(train_dataloader=loader, exact_resume=False))
     add_training_safeguards(off)
     assert off.train_dataloader.dataset == loader['dataset']
-    assert [h['type'] for h in off.custom_hooks] == ['mmlinvit.CheckFiniteHook']
+    assert [h['type'] for h in off.custom_hooks] == ['mmlinvit.CheckFiniteHook',
+                                                     'mmlinvit.SyncNormStatsHook']
