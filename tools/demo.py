@@ -45,6 +45,7 @@ from mmlinvit.analysis import (compare_teacher_student, load_photo, save_loss_cu
                                save_teacher_student_figure)
 from mmlinvit.datasets import SCENE_CLASSES, SCENE_PALETTE, make_ade20k_layout
 from mmlinvit.engine.launch import build_runner, prepare_train_config
+from mmlinvit.engine.resume import last_checkpoint_target
 from mmlinvit.utils.cli import load_script
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
@@ -100,11 +101,6 @@ def _train(cfg: Config) -> 'object':
     runner = build_runner(cfg, mode='train')
     runner.train()
     return runner
-
-
-def _last_checkpoint(work_dir: str) -> str:
-    with open(osp.join(work_dir, 'last_checkpoint')) as f:
-        return f.read().strip()
 
 
 def export_backbone(runner_checkpoint: str, out_file: str) -> str:
@@ -197,7 +193,7 @@ def run_adala(plan: dict, data_root: str, work_dir: str, teacher_cfg: Config,
                                  plan['stage1_epochs'], lr=1e-3)
     _finish_config(cfg1, STAGE1_CFG, osp.join(work_dir, 'stage1'), 'stage1', seed)
     runner1 = _train(cfg1)
-    stage1_ckpt = _last_checkpoint(cfg1.work_dir)
+    stage1_ckpt = last_checkpoint_target(cfg1.work_dir)
 
     cfg2 = _distill_stage_config(STAGE2_CFG, backbone, data_root, plan,
                                  plan['stage2_epochs'], lr=5e-4)
@@ -367,7 +363,7 @@ def run_demo(args: argparse.Namespace, plan: dict) -> Dict[str, float]:
 
     _log('2/6 training the softmax ViT teacher (UPerNet)')
     teacher_runner = train_teacher(plan, data_root, work_dir, args.seed)
-    teacher_ckpt = _last_checkpoint(teacher_runner.work_dir)
+    teacher_ckpt = last_checkpoint_target(teacher_runner.work_dir)
     teacher_backbone = export_backbone(teacher_ckpt,
                                        osp.join(teacher_runner.work_dir, 'backbone.pth'))
 
@@ -406,7 +402,7 @@ def run_demo(args: argparse.Namespace, plan: dict) -> Dict[str, float]:
         student_mIoU=miou(s_inter, s_union),
         teacher_checkpoint=teacher_ckpt,
         stage2_checkpoint=stage2_ckpt,
-        student_checkpoint=_last_checkpoint(student_runner.work_dir),
+        student_checkpoint=last_checkpoint_target(student_runner.work_dir),
         predictions_png=picture,
         real_photos_png=photos_png,
         loss_curves_png=curves_png,

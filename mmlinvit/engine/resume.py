@@ -45,6 +45,22 @@ def _step(path: str) -> int:
     return int(found.group(1)) if found else -1
 
 
+def last_checkpoint_target(work_dir: str) -> Optional[str]:
+    """The path ``<work_dir>/last_checkpoint`` names (written by ``CheckpointHook`` after each
+    checkpoint), or None without one."""
+    pointer = osp.join(work_dir, 'last_checkpoint')
+    if not osp.isfile(pointer):
+        return None
+    with open(pointer) as f:
+        return f.read().strip() or None
+
+
+def numbered_checkpoints(folder: str) -> List[str]:
+    """The ``iter_*.pth`` / ``epoch_*.pth`` files of ``folder``, by increasing number."""
+    return sorted((osp.normpath(p) for p in glob.glob(osp.join(folder, '*.pth'))
+                   if NUMBERED_CHECKPOINT.match(osp.basename(p))), key=_step)
+
+
 def resume_candidates(work_dir: str) -> Tuple[Optional[str], List[str], List[str]]:
     """The checkpoint ``last_checkpoint`` names and every numbered checkpoint, newest first.
 
@@ -62,17 +78,9 @@ def resume_candidates(work_dir: str) -> Tuple[Optional[str], List[str], List[str
         folder and of the work dir, by decreasing number, the target first among equals;
         the left-out checkpoints of earlier runs).
     """
-    latest = None
-    pointer = osp.join(work_dir, 'last_checkpoint')
-    if osp.isfile(pointer):
-        with open(pointer) as f:
-            latest = f.read().strip() or None
+    latest = last_checkpoint_target(work_dir)
     folders = [work_dir] + ([osp.dirname(latest)] if latest else [])
-    numbered = set()
-    for folder in folders:
-        for path in glob.glob(osp.join(folder, '*.pth')):
-            if NUMBERED_CHECKPOINT.match(osp.basename(path)):
-                numbered.add(osp.normpath(path))
+    numbered = {path for folder in folders for path in numbered_checkpoints(folder)}
     if latest is not None:
         numbered.add(osp.normpath(latest))
 
@@ -167,8 +175,7 @@ def check_resume_or_load_from(resume: bool, load_from: Optional[str], work_dir: 
     if resume and load_from is None:
         return select_resume_checkpoint(work_dir)
     if not resume and osp.isdir(work_dir):
-        earlier = sorted((p for p in glob.glob(osp.join(work_dir, '*.pth'))
-                          if NUMBERED_CHECKPOINT.match(osp.basename(p))), key=_step)
+        earlier = numbered_checkpoints(work_dir)
         if earlier:
             print_log(f'{osp.abspath(work_dir)} already holds checkpoints of an earlier run '
                       f'({", ".join(osp.basename(p) for p in earlier[-3:])}); this run starts '

@@ -5,7 +5,6 @@ log), writes NaN checkpoints and, with ``max_keep_ckpts``, rotates the last good
 ``tools/train.py`` adds this hook to every run (see :mod:`mmlinvit.engine.launch`).
 """
 import math
-import os.path as osp
 from typing import Any, Dict, List, Optional
 
 import torch
@@ -15,6 +14,7 @@ from mmengine.optim import AmpOptimWrapper, OptimWrapperDict
 
 from mmlinvit.registry import HOOKS
 
+from ..resume import last_checkpoint_target
 from .checkpoint_schedule import checkpoint_due
 
 #: Message-hub keys where mmengine's optimizer wrappers log the gradient norm / max value.
@@ -134,11 +134,7 @@ class CheckFiniteHook(Hook):
     def _last_checkpoint(runner) -> str:
         # the pointer file, not message_hub['last_ckpt']: mmengine sets that one before the
         # checkpoint is written, i.e. to the file being refused in before_save_checkpoint
-        pointer = osp.join(runner.work_dir, 'last_checkpoint')
-        last = None
-        if osp.isfile(pointer):
-            with open(pointer) as f:
-                last = f.read().strip() or None
+        last = last_checkpoint_target(runner.work_dir)
         return f'the last checkpoint, {last}, was written before this' if last else \
             'no checkpoint was written yet'
 
