@@ -61,6 +61,7 @@ from mmlinvit.analysis.layer_sensitivity import (align_layer, best_seconds,  # n
                                                  layer_costs, pareto_table, propose,
                                                  proposal_table, sensitivity_table)
 from mmlinvit.backbones import VisionTransformer  # noqa: E402
+from mmlinvit.engine.resume import last_checkpoint_target  # noqa: E402
 from mmlinvit.utils.cli import load_script  # noqa: E402
 
 #: Lengths of the demo Stages 1-3 (``--quick``: the smoke test).
@@ -225,7 +226,7 @@ def run_stages(cfg, checkpoint: str, attn_cfg: List[str], work_dir: str, plan: d
                                           plan['stage2_epochs'], lr=5e-4)
         cfg2.model.student.attn_cfg = attn_cfg
         cfg2.model.student.pretrained = None
-        cfg2.load_from = demo._last_checkpoint(cfg1.work_dir)
+        cfg2.load_from = last_checkpoint_target(cfg1.work_dir)
         demo._finish_config(cfg2, demo.STAGE2_CFG, osp.join(work_dir, 'stage2'), 'stage2', seed)
         cfg2.log_level = 'WARNING'
         demo._train(cfg2)

@@ -59,6 +59,7 @@ from mmlinvit.analysis.distill_weight_sweep import (INIT_LABELS, LOSS_TYPES,  # 
                                                     Setting, build_distill_loss, load_results,
                                                     record_key, run_key, setting_label,
                                                     summarise, sweep_settings)
+from mmlinvit.engine.resume import last_checkpoint_target  # noqa: E402
 from mmlinvit.utils.cli import load_script  # noqa: E402
 
 INITS = tuple(INIT_LABELS)
@@ -149,7 +150,7 @@ def prepare_scenes(plan: dict, work_dir: str) -> dict:
     make_ade20k_layout(data_root, plan['num_train'], plan['num_val'], size=(64, 64), seed=0)
     runner = demo.train_teacher(dict(teacher_iters=plan['scenes_teacher_iters']), data_root,
                                 root, seed=0)
-    ckpt = demo._last_checkpoint(runner.work_dir)
+    ckpt = last_checkpoint_target(runner.work_dir)
     backbone = demo.export_backbone(ckpt, osp.join(runner.work_dir, 'backbone.pth'))
     metrics = runner.val()
     teacher = demo._unwrap(runner.model).backbone.eval()
