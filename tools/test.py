@@ -20,7 +20,10 @@ import argparse
 import sys
 from typing import List, Optional
 
-from mmlinvit.engine.launch import (TTAConfigError, add_launch_arguments, build_runner,
+import mmengine
+from mmengine.dist import is_main_process
+
+from mmlinvit.engine.launch import (OUT_ITEMS, EvaluationFlagError, add_launch_arguments, build_runner,
                                      finish_distributed, load_config, parse_launch_args,
                                      prepare_test_config, user_errors)
 
@@ -33,6 +36,11 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument('--work-dir', help='directory for the evaluation logs')
     parser.add_argument('--out', help='directory where raw predictions are dumped (mmseg) or '
                         'a pickle file of results (mmpretrain)')
+    parser.add_argument('--out-item', choices=OUT_ITEMS,
+                        help='classification (mmpretrain\'s flag): dump the predictions '
+                             '(pred, the default) or the metrics to --out')
+    parser.add_argument('--no-pin-memory', action='store_true',
+                        help='do not pin memory in the test data loader')
     parser.add_argument('--show', action='store_true', help='display predictions')
     parser.add_argument('--show-dir', help='directory where painted predictions are saved')
     parser.add_argument('--wait-time', type=float, default=2, help='seconds per shown image')
@@ -54,14 +62,17 @@ def main(argv: Optional[List[str]] = None) -> dict:
         prepare_test_config(cfg, args.config, args.checkpoint, work_dir=args.work_dir,
                             show_dir=args.show_dir, show=args.show, wait_time=args.wait_time,
                             interval=args.interval, out=args.out, launcher=args.launcher,
-                            tta=args.tta)
-    except TTAConfigError as err:
+                            tta=args.tta, out_item=args.out_item,
+                            pin_memory=not args.no_pin_memory)
+    except EvaluationFlagError as err:
         raise SystemExit(f'error: {err}') from None
     try:
         runner = build_runner(cfg, mode='test', checkpoint=args.checkpoint)
         metrics = runner.test()  # the checkpoint is read here
     except user_errors() as err:
         raise SystemExit(f'error: {err}') from None
+    if args.out_item == 'metrics' and is_main_process():
+        mmengine.dump(metrics, args.out)  # as mmpretrain's tools/test.py
     finish_distributed()
     return metrics
 

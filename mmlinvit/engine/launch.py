@@ -334,7 +334,9 @@ def prepare_test_config(cfg: Config,
                         interval: int = 1,
                         out: Optional[str] = None,
                         launcher: str = 'none',
-                        tta: bool = False) -> Config:
+                        tta: bool = False,
+                        out_item: Optional[str] = None,
+                        pin_memory: bool = True) -> Config:
     """Applies ``tools/test.py``'s flags to a loaded config.
 
     Adds ``mmlinvit.CheckpointCoverageHook`` (a checkpoint that misses weights of the model is
@@ -363,11 +365,28 @@ def prepare_test_config(cfg: Config,
         out: ``--out``: where raw predictions are dumped.
         launcher: ``--launcher``.
         tta: ``--tta``: test-time augmentation (see :func:`enable_tta`).
+        out_item: ``--out-item`` (mmpretrain's flag, classification only): ``'pred'`` (or
+            None) dumps the predictions to ``out``, ``'metrics'`` leaves them out (the tool
+            dumps the metrics there after testing).
+        pin_memory: False for ``--no-pin-memory``: the test data loader does not pin memory.
+
+    Raises:
+        EvaluationFlagError: ``--out-item`` on a segmentation config or without ``--out``.
 
     Returns:
         The same config, updated.
     """
     world = world_of(cfg)
+    if out_item is not None:
+        if world.scope != 'mmpretrain':
+            raise EvaluationFlagError(f'--out-item is mmpretrain\'s flag (classification configs); '
+                                f'this is a {world.task} config, whose --out DIR saves the raw '
+                                f'predictions (drop --out-item)')
+        if out_item not in OUT_ITEMS:
+            raise EvaluationFlagError(f'--out-item {out_item!r}: use one of {list(OUT_ITEMS)}')
+        if out is None:
+            raise EvaluationFlagError('--out-item needs --out FILE (where the predictions or the '
+                                'metrics are dumped)')
     if tta:
         enable_tta(cfg)
     _set_launcher_and_work_dir(cfg, config_path, work_dir, launcher)
@@ -381,13 +400,23 @@ def prepare_test_config(cfg: Config,
         _add_custom_hook(cfg, 'mmlinvit.CheckpointCoverageHook', source=repr(checkpoint))
     if show or show_dir:
         world.enable_visualization(cfg, show_dir, show, wait_time, interval)
-    if out is not None:
+    if out is not None and out_item in (None, 'pred'):
         world.enable_output_dump(cfg, out)
+    if not pin_memory:
+        cfg.test_dataloader['pin_memory'] = False
     adapt_to_device(cfg, launcher)
     return cfg
 
 
-class TTAConfigError(ValueError):
+#: ``tools/test.py --out-item`` choices (mmpretrain's).
+OUT_ITEMS = ('metrics', 'pred')
+
+
+class EvaluationFlagError(ValueError):
+    """A ``tools/test.py`` flag that does not fit the config (the message names the fix)."""
+
+
+class TTAConfigError(EvaluationFlagError):
     """``--tta`` on a config without test-time augmentation settings."""
 
 
@@ -406,7 +435,7 @@ def user_errors() -> Tuple[type, ...]:
     from .resume import ResumeError
     return (PreflightError, ResumeError, CheckpointFileError, CheckpointMismatchError,
             TrainingRecordMismatchError, DistillationConfigError, CheckpointCoverageError,
-            TTAConfigError, LaunchError, AmpDeviceError)
+            EvaluationFlagError, LaunchError, AmpDeviceError)
 
 
 def enable_tta(cfg: Config) -> None:
