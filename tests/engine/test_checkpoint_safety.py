@@ -46,13 +46,16 @@ def test_kill_while_saving_keeps_the_previous_checkpoint(tmp_path, toy_root, mon
     assert sorted(os.listdir(work_dir)).count('iter_4.pth') == 1
     assert not osp.exists(osp.join(work_dir, 'iter_8.pth'))
     # what a SIGKILL leaves (no clean-up ran): a partial file beside the intact one
-    with open(osp.join(work_dir, 'iter_8.pth.part'), 'wb') as f:
-        f.write(b'PK\x03\x04 half')
+    # (and one of a step the resumed run does not save again)
+    for name in ('iter_8.pth.part', 'iter_12.pth.part'):
+        with open(osp.join(work_dir, name), 'wb') as f:
+            f.write(b'PK\x03\x04 half')
     resumed = train_in_process(cfg, tmp_path, 'resumed', work_dir, '--resume')
     assert sorted(resumed) == [5, 6, 7, 8]
     assert all(resumed[it]['loss'] == full[it]['loss'] for it in resumed)
-    # rotation after the write: only the newest is kept
+    # rotation after the write: only the newest is kept; the killed writes are removed
     assert sorted(p for p in os.listdir(work_dir) if p.endswith('.pth')) == ['iter_8.pth']
+    assert not [p for p in os.listdir(work_dir) if p.endswith('.part')]
 
 
 def test_resume_ignores_an_earlier_runs_checkpoints(tmp_path, toy_root):

@@ -12,7 +12,8 @@ the previous best) are removed only after the new file is in place.  A failed wr
 its ``.part`` file and leaves the earlier checkpoints as they were.  ``tools/train.py`` uses it
 in place of mmengine's ``CheckpointHook`` (same arguments; see :mod:`mmlinvit.engine.launch`).
 
-On resume it also says when the training loop cannot continue where the checkpoint was
+At the start of training it removes the ``.part`` files an earlier run of the work dir left
+when it was killed (SIGKILL) while writing, naming them.  On resume it also says when the training loop cannot continue where the checkpoint was
 taken: an epoch-based loop resumed from a checkpoint taken inside an epoch
 (``by_epoch=False``) restarts that epoch from its first batch.
 """
@@ -43,7 +44,23 @@ class AtomicCheckpointHook(CheckpointHook):
 
     def before_train(self, runner) -> None:
         super().before_train(runner)
+        self._remove_stale_parts()
         self._warn_mid_epoch_resume(runner)
+
+    def _remove_stale_parts(self) -> None:
+        """Removes the ``*.part`` files of this hook's ``out_dir`` (writes a killed run left)."""
+        if not isinstance(self.file_backend, LocalBackend) or not is_main_process() \
+                or not osp.isdir(self.out_dir):
+            return
+        stale = sorted(name for name in os.listdir(self.out_dir)
+                       if name.endswith(PART_SUFFIX)
+                       and osp.isfile(osp.join(self.out_dir, name)))
+        for name in stale:
+            os.remove(osp.join(self.out_dir, name))
+        if stale:
+            print_log(f'Removed {len(stale)} unfinished checkpoint write(s) an interrupted run '
+                      f'left in {self.out_dir}: {stale}', logger='current',
+                      level=logging.WARNING)
 
     def _save_checkpoint_with_step(self, runner, step, meta) -> None:
         with self._atomic_saves(runner):
