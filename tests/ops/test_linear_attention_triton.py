@@ -258,6 +258,23 @@ def test_strided_views_and_mixed_requires_grad(kernels):
 
 
 @run_here
+def test_double_backward_raises_and_empty_batch(kernels):
+    """A second derivative through the kernels is refused: it came back as a constant (a
+    gradient penalty on it counted as 0).  An empty batch returns an empty output."""
+    fused, device = kernels
+    q, k, v = (t.requires_grad_() for t in _qkv(9, 9, 8, 8, device, heads=1))
+    (gq, ) = torch.autograd.grad(fused.linear_attention_triton(q, k, v, 'elu').square().sum(),
+                                 q, create_graph=True)
+    with pytest.raises(RuntimeError, match='once_differentiable|second derivative|twice'):
+        gq.square().sum().backward()
+    empty = [t[:0].detach().requires_grad_() for t in (q, k, v)]
+    out = fused.linear_attention_triton(*empty, 'elu')
+    assert out.shape == (0, 1, 9, 8)
+    out.sum().backward()
+    assert all(t.grad is not None and t.grad.shape == t.shape for t in empty)
+
+
+@run_here
 def test_kernel_rejects_unsupported_inputs(kernels):
     fused, device = kernels
     q, k, v = _qkv(8, 8, 16, 16, device, heads=1)

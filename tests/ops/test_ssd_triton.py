@@ -25,6 +25,7 @@ from mmlinvit.layers.mamba2 import Mamba2Mixer
 from mmlinvit.ops.ssd import (SSD_BACKEND_ENV_VAR, select_ssd_backend, ssd_scan,
                               ssd_scan_torch, ssd_scan_naive)
 from mmlinvit.ops.ssd import dispatch
+from mmlinvit.ops.ssd.checks import kernel_unsupported_reason
 
 pytestmark = requires_triton
 
@@ -225,6 +226,28 @@ def test_partial_requires_grad_and_empty_sequence(kernels):
     torch.testing.assert_close(gx, want, rtol=1e-4, atol=1e-5)
     empty = kernel.ssd_scan_triton(x[:, :0], dt[:, :0], A, B[:, :0], C[:, :0], D)
     assert empty.shape == (1, 0, 2, 8)
+
+
+@run_here
+def test_double_backward_raises_and_empty_batch(kernels):
+    """A second derivative through the kernels is refused: it came back as a constant (a
+    gradient penalty on it counted as 0).  An empty batch crashed the backward pass."""
+    kernel, device = kernels
+    x, dt, A, B, C, D = [t.float().to(device) for t in make_inputs(1, 20, 2, 8, 1, 16)]
+    x.requires_grad_()
+    (gx, ) = torch.autograd.grad(kernel.ssd_scan_triton(x, dt, A, B, C, D).square().sum(), x,
+                                 create_graph=True)
+    with pytest.raises(RuntimeError, match='once_differentiable|second derivative|twice'):
+        gx.square().sum().backward()
+    empty = [t[:0] for t in (x, dt)] + [A] + [t[:0] for t in (B, C)] + [D]
+    empty[0] = empty[0].detach().requires_grad_()
+    # auto sends it to torch on a GPU too (it reached the kernels, whose backward crashed)
+    assert 'empty batch' in kernel_unsupported_reason(*empty)
+    out = ssd_scan(*empty, chunk_size=16)
+    assert out.shape == (0, 20, 2, 8)
+    out.sum().backward()
+    assert empty[0].grad.shape == empty[0].shape
+    assert kernel.ssd_scan_triton(*empty).shape == (0, 20, 2, 8)
 
 
 @run_here

@@ -36,6 +36,7 @@ from typing import Optional, Tuple
 import torch
 import triton
 import triton.language as tl
+from torch.autograd.function import once_differentiable
 
 from ..triton_utils import (check_kernel_device, device_guard, dot_precision,
                             interpreter_active)
@@ -554,6 +555,7 @@ class _FusedLinearAttention(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable  # double backward raises instead of returning constants
     def backward(ctx, grad_out: torch.Tensor):
         q, k, v, state, z, *rest = ctx.saved_tensors
         vbar = rest[0] if rest else None

@@ -55,8 +55,8 @@ def kernel_unsupported_reason(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor
     """
     if x.ndim != 4 or B.ndim != 4:
         return 'x / B are not 4-D'
-    if x.shape[1] == 0:
-        return 'empty sequence'
+    if x.shape[0] == 0 or x.shape[1] == 0:
+        return 'empty batch or sequence'
     named = [('x', x), ('dt', dt), ('A', A), ('B', B), ('C', C)]
     if D is not None:
         named.append(('D', D))

@@ -59,6 +59,7 @@ from typing import Optional, Tuple
 import torch
 import triton
 import triton.language as tl
+from torch.autograd.function import once_differentiable
 
 from ..triton_utils import check_kernel_device, device_guard, dot_precision, interpreter_active
 from .checks import check_chunk_size, check_ssd_inputs, kernel_unsupported_reason
@@ -490,8 +491,8 @@ def _validate(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tenso
     """Raises a ValueError/RuntimeError naming the problem for inputs the kernels cannot take."""
     check_ssd_inputs(x, dt, A, B, C, D)
     check_chunk_size(chunk_size)
-    if x.shape[1] == 0:
-        return  # empty sequence: ssd_scan_triton returns zeros without launching
+    if x.shape[0] == 0 or x.shape[1] == 0:
+        return  # empty batch or sequence: ssd_scan_triton returns zeros without launching
     reason = kernel_unsupported_reason(x, dt, A, B, C, D)
     if reason is not None:
         raise ValueError(f'the Triton SSD scan cannot take these inputs: {reason}; '
@@ -613,6 +614,7 @@ class _SSDScanTriton(torch.autograd.Function):
         return y
 
     @staticmethod
+    @once_differentiable  # double backward raises instead of returning constants
     def backward(ctx, dy: torch.Tensor):
         x, dt, A, B, C, D, cs, dt32, states = ctx.saved_tensors
         with device_guard(x.device):
@@ -636,7 +638,7 @@ def ssd_scan_triton(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch
         (gradients in the dtypes of the inputs).
     """
     _validate(x, dt, A, B, C, D, chunk_size)
-    if x.shape[1] == 0:
+    if x.shape[0] == 0 or x.shape[1] == 0:
         return x.new_zeros(x.shape)
     return _SSDScanTriton.apply(x, dt, A, B, C, D, chunk_size)
 
