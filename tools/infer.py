@@ -12,11 +12,13 @@ The config's ``default_scope`` picks the task:
   Pixel values are class indices 0..C-1 into ``DIR/classes.json`` (``classes``, ``palette``).
   Note: ADE20K-style annotation files store index + 1 with 0 = unlabelled
   (``reduce_zero_label``); the predictions are the model's indices, not that file convention.
-  Label maps are 8-bit PNGs for up to 256 classes and 16-bit PNGs beyond.
+  Label maps are 8-bit PNGs for models of up to 256 classes and 16-bit PNGs beyond.
 * classification (``mmpretrain``, :class:`mmpretrain.apis.ImageClassificationInferencer`):
   ``DIR/pred/<stem>.json`` with the top-k classes and scores, ``DIR/topk.json`` (all images)
   and ``DIR/topk.txt`` (one line per image), plus ``DIR/vis/<stem>.png`` with the prediction
-  drawn on the image.  Configs whose test pipeline takes arrays from the dataset (CIFAR) get
+  drawn on the image.  Files are decoded by the test pipeline's ``LoadImageFromFile`` (e.g.
+  EXIF orientation ignored by the ImageNet configs, as in ``tools/test.py``; mmpretrain's
+  inferencer alone turns rotated JPEGs).  Configs whose test pipeline takes arrays from the dataset (CIFAR) get
   ``to_rgb=True``, since files are read as BGR (:func:`read_files_as_rgb`).
 
 A directory argument contributes its image files (``--recursive`` descends into
@@ -216,12 +218,13 @@ def read_files_as_rgb(cfg: Config) -> Optional[str]:
             f'BGR: set to_rgb=True in {" and ".join(changed)}')
 
 
-def _save_label_map(label: np.ndarray, path: str) -> None:
-    """Writes class indices as an 8-bit (<= 256 classes) or 16-bit PNG, never truncated."""
+def _save_label_map(label: np.ndarray, path: str, num_classes: int) -> None:
+    """Writes class indices as an 8-bit (<= 256 classes) or 16-bit PNG (the model's class
+    count decides, so every map of a run has one bit depth), never truncated."""
     label = np.asarray(label)
     if label.min() < 0 or label.max() > 65535:
         raise ValueError(f'label values {label.min()}..{label.max()} do not fit a PNG')
-    if label.max() < 256:
+    if num_classes <= 256 and label.max() < 256:
         Image.fromarray(label.astype(np.uint8)).save(path)
     else:
         Image.fromarray(label.astype(np.uint16)).save(path)
@@ -278,7 +281,9 @@ def segmentation_classes(cfg: Config, checkpoint: Dict[str, Any]) -> Tuple[Dict[
     """
     meta = (checkpoint.get('meta') or {}).get('dataset_meta') or {}
     if meta.get('classes'):
-        return dict(classes=meta['classes'], palette=meta.get('palette')), 'the checkpoint'
+        return (dict(classes=list(meta['classes']),
+                     palette=_palette_for(meta['classes'], meta.get('palette'))),
+                'the checkpoint')
     from mmseg.registry import DATASETS
     dataset = cfg.get('test_dataloader', {}).get('dataset', {})
     dataset_cls = DATASETS.get(str(dataset.get('type', '')))
@@ -289,13 +294,17 @@ def segmentation_classes(cfg: Config, checkpoint: Dict[str, Any]) -> Tuple[Dict[
             f'the checkpoint has no class names (meta.dataset_meta) and the config\'s test '
             f'dataset {dataset.get("type")!r} names none: set test_dataloader.dataset.metainfo='
             f'dict(classes=[...], palette=[...]) (--cfg-options)')
-    palette = metainfo.get('palette')
-    if not palette or len(palette) != len(metainfo['classes']):
-        # as mmseg's datasets do without one: fixed random colours
-        palette = np.random.RandomState(42).randint(0, 255, (len(metainfo['classes']), 3))
-        palette = palette.tolist()
-    return (dict(classes=list(metainfo['classes']), palette=list(palette)),
+    return (dict(classes=list(metainfo['classes']),
+                 palette=_palette_for(metainfo['classes'], metainfo.get('palette'))),
             f'the config\'s test dataset ({dataset.get("type")}), the checkpoint has none')
+
+
+def _palette_for(classes: Sequence[str], palette: Optional[Sequence]) -> List[List[int]]:
+    """``palette``, or (missing / not one colour per class) fixed random colours, as mmseg's
+    datasets make without one."""
+    if not palette or len(palette) != len(classes):
+        palette = np.random.RandomState(42).randint(0, 255, (len(classes), 3)).tolist()
+    return [list(map(int, colour)) for colour in palette]
 
 
 def run_segmentation(cfg: Config, checkpoint: str, images: List[str], args: argparse.Namespace
@@ -327,7 +336,7 @@ def run_segmentation(cfg: Config, checkpoint: str, images: List[str], args: argp
         for path, label in zip(batch, labels):
             stem = osp.splitext(osp.basename(path))[0]
             label_path = osp.join(pred_dir, f'{stem}.png')
-            _save_label_map(label, label_path)
+            _save_label_map(label, label_path, len(meta['classes']))
             present = np.unique(label)
             rows.append(dict(image=path, overlay=osp.join(vis_dir, osp.basename(path)),
                              label_map=label_path,
@@ -335,12 +344,93 @@ def run_segmentation(cfg: Config, checkpoint: str, images: List[str], args: argp
     return rows
 
 
+def _test_pipeline_file_loader(cfg: Config) -> dict:
+    """The test pipeline's ``LoadImageFromFile`` settings (mmcv's defaults without one)."""
+    pipeline = cfg.get('test_dataloader', {}).get('dataset', {}).get('pipeline', [])
+    for transform in pipeline:
+        if str(transform.get('type', '')).split('.')[-1] == 'LoadImageFromFile':
+            return dict(transform)
+    return dict(type='LoadImageFromFile')
+
+
+def classification_inferencer(cfg: Config, checkpoint: str, device: Optional[str]) -> Any:
+    """mmpretrain's ``ImageClassificationInferencer`` that decodes files as the test pipeline.
+
+    mmpretrain's inferencer drops the test pipeline's ``LoadImageFromFile`` and reads files
+    with ``mmcv.imread``'s defaults, which turn JPEGs by their EXIF orientation: with the
+    ImageNet configs (``color_type='color_ignore_orientation'``, as the official evaluations
+    decode) a rotated camera JPEG reached the model turned by 90 degrees, unlike in
+    ``tools/test.py``.  This one reads files (and draws them) with the test pipeline's own
+    ``LoadImageFromFile``.
+
+    Args:
+        cfg: The inference config.
+        checkpoint: The weights.
+        device: ``--device``.
+
+    Returns:
+        The inferencer.
+    """
+    from mmcv.transforms import Compose
+    from mmengine.dataset import default_collate
+    from mmpretrain.apis import ImageClassificationInferencer
+    from mmpretrain.registry import TRANSFORMS
+
+    loader = TRANSFORMS.build(_test_pipeline_file_loader(cfg))
+
+    def read(image: Any) -> np.ndarray:
+        """BGR array of a file, decoded as the test pipeline does (arrays pass through)."""
+        if isinstance(image, str):
+            return loader(dict(img_path=image))['img']
+        return image
+
+    class PipelineDecodingInferencer(ImageClassificationInferencer):
+        """Reads files with the test pipeline's ``LoadImageFromFile``."""
+
+        def preprocess(self, inputs: List[Any], batch_size: int = 1) -> Iterator[dict]:
+            def load(image: Any) -> dict:
+                img = read(image)
+                return dict(img=img, img_shape=img.shape[:2], ori_shape=img.shape[:2])
+
+            chunks = self._get_chunk_data(map(Compose([load, self.pipeline]), inputs),
+                                          batch_size)
+            yield from map(default_collate, chunks)
+
+        def visualize(self, ori_inputs: List[Any], preds: List[Any], show: bool = False,
+                      wait_time: int = 0, resize: Optional[int] = None,
+                      rescale_factor: Optional[float] = None, draw_score: bool = True,
+                      show_dir: Optional[str] = None) -> Optional[List[np.ndarray]]:
+            """mmpretrain's ``visualize`` (same arguments and outputs) on the images as read."""
+            if not show and show_dir is None:
+                return None
+            if self.visualizer is None:
+                from mmpretrain.visualization import UniversalVisualizer
+                self.visualizer = UniversalVisualizer()
+            drawn = []
+            for i, (image, sample) in enumerate(zip(ori_inputs, preds)):
+                is_file = isinstance(image, str)
+                name = osp.splitext(osp.basename(image))[0] if is_file else str(i)
+                out_file = None
+                if show_dir is not None:
+                    os.makedirs(show_dir, exist_ok=True)
+                    out_file = osp.join(show_dir, f'{name}.png')
+                pixels = read(image)[..., ::-1] if is_file else image  # files: BGR -> RGB
+                self.visualizer.visualize_cls(
+                    pixels, sample, classes=self.classes, resize=resize, show=show,
+                    wait_time=wait_time, rescale_factor=rescale_factor, draw_gt=False,
+                    draw_pred=True, draw_score=draw_score, name=name, out_file=out_file)
+                drawn.append(self.visualizer.get_image())
+            if show:
+                self.visualizer.close()
+            return drawn
+
+    return PipelineDecodingInferencer(model=cfg, pretrained=checkpoint, device=device)
+
+
 def run_classification(cfg: Config, checkpoint: str, images: List[str],
                        args: argparse.Namespace) -> List[Dict[str, Any]]:
     """ImageClassificationInferencer over ``images``: top-k json / txt, drawn images in vis/."""
-    from mmpretrain.apis import ImageClassificationInferencer
-    inferencer = ImageClassificationInferencer(model=cfg, pretrained=checkpoint,
-                                               device=args.device)
+    inferencer = classification_inferencer(cfg, checkpoint, args.device)
     check_checkpoint_covers(inferencer.model, checkpoint_view(checkpoint), repr(args.checkpoint))
     classes = inferencer.classes
     vis_dir, pred_dir = osp.join(args.out_dir, 'vis'), osp.join(args.out_dir, 'pred')

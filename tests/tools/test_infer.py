@@ -308,3 +308,79 @@ def test_checkpoint_without_classes_or_weights(demo_student, tmp_path, capsys):
     with pytest.raises(SystemExit, match=r'(?s)decode_head \d+/\d+.*bare backbone'):
         infer.main([cfg_file, backbone, images, '--out-dir', str(tmp_path / 'c'),
                     '--device', 'cpu'])
+
+
+def test_classification_decodes_files_as_the_test_pipeline(tmp_path):
+    """A camera JPEG with an EXIF rotation: the ImageNet configs decode it as stored
+    (``color_type='color_ignore_orientation'``, as tools/test.py); mmpretrain's inferencer read
+    it with ``mmcv.imread`` and turned it by 90 degrees.  Reference: the config's test pipeline
+    on the file and the model's test step."""
+    from mmengine.dataset import Compose, default_collate
+    from mmengine.registry import init_default_scope
+    from mmpretrain.registry import MODELS, TRANSFORMS
+
+    from mmlinvit.config_scopes import register_config_scopes
+    register_config_scopes()
+    cfg = _classification_config(str(tmp_path))
+    cfg.test_dataloader.dataset.pipeline[0] = dict(type='LoadImageFromFile',
+                                                   color_type='color_ignore_orientation')
+    cfg.test_dataloader.dataset.metainfo = dict(classes=('a', 'b', 'c'))
+    cfg_file = str(tmp_path / 'cfg.py')
+    cfg.dump(cfg_file)
+    init_default_scope('mmpretrain')
+    torch.manual_seed(0)
+    model = MODELS.build(cfg.model).eval()
+    for p in model.parameters():  # weights that tell the orientations apart
+        p.data.normal_(0, 0.3)
+    ckpt = str(tmp_path / 'model.pth')
+    torch.save(dict(meta=dict(dataset_meta=dict(classes=['a', 'b', 'c'])),
+                    state_dict=model.state_dict()), ckpt)
+    rng = np.random.default_rng(0)
+    pixels = np.zeros((24, 40, 3), dtype=np.uint8)
+    pixels[:8] = 250  # a bright top band: turned, it becomes a side band
+    pixels[8:] = rng.integers(0, 90, (16, 40, 3), dtype=np.uint8)
+    exif = Image.Exif()
+    exif[0x0112] = 6  # Orientation: rotate 90 CW to display
+    photo = str(tmp_path / 'photo.jpg')
+    Image.fromarray(pixels).save(photo, quality=95, exif=exif)
+
+    def scores(loader: dict) -> np.ndarray:
+        pipeline = Compose([TRANSFORMS.build(t)
+                            for t in [loader] + cfg.test_dataloader.dataset.pipeline[1:]])
+        with torch.no_grad():
+            return model.test_step(default_collate([pipeline(dict(img_path=photo))])
+                                   )[0].pred_score.numpy()
+
+    expected = scores(cfg.test_dataloader.dataset.pipeline[0])
+    turned = scores(dict(type='LoadImageFromFile'))  # mmcv.imread's default: EXIF applied
+    assert np.abs(expected - turned).max() > 1e-3
+    infer = _load_tool('infer')
+    rows = infer.main([cfg_file, ckpt, photo, '--out-dir', str(tmp_path / 'out'), '--topk', '3',
+                       '--device', 'cpu'])
+    got = {t['label']: t['score'] for t in rows[0]['topk']}
+    np.testing.assert_allclose([got[i] for i in range(3)], expected, rtol=1e-5, atol=1e-6)
+    drawn = np.asarray(Image.open(rows[0]['visualization']))
+    assert drawn.shape[:2] == (24, 40)  # drawn as decoded, not turned
+
+
+def test_segmentation_checkpoint_classes_without_palette(demo_student, tmp_path):
+    """A checkpoint naming classes without a palette (hand-made / converted files) crashed
+    inside mmseg ("The length of classes should be equal to palette"); it gets mmseg's fixed
+    random colours, and label maps of a > 256-class model are 16-bit on every image."""
+    cfg, cfg_file, ckpt, images, _ = demo_student
+    loaded = torch.load(ckpt, map_location='cpu', weights_only=False)
+    classes = list(loaded['meta']['dataset_meta']['classes'])
+    loaded['meta']['dataset_meta'] = dict(classes=classes)
+    no_palette = str(tmp_path / 'no_palette.pth')
+    torch.save(loaded, no_palette)
+    infer = _load_tool('infer')
+    rows = infer.main([cfg_file, no_palette, images, '--out-dir', str(tmp_path / 'out'),
+                       '--device', 'cpu'])
+    saved = json.load(open(tmp_path / 'out' / 'classes.json'))
+    assert len(saved['palette']) == len(classes) and len(rows) == 3
+    assert Image.open(rows[0]['label_map']).mode == 'L'
+    label = np.array(Image.open(rows[0]['label_map']))
+    path = str(tmp_path / 'wide.png')
+    infer._save_label_map(label, path, num_classes=300)
+    wide = Image.open(path)
+    assert wide.mode.startswith('I;16') and np.array_equal(np.array(wide), label)
