@@ -17,6 +17,11 @@ _TRIGGER = 'mmengine.config'
 
 
 def _register() -> None:
+    scopes = sys.modules.get('mmlinvit.config_scopes')
+    if scopes is not None and not hasattr(scopes, 'register_config_scopes'):
+        # ``mmlinvit.config_scopes`` imported mmengine.config itself (it was the first import
+        # of the process): importing it again here is circular; it registers at its end.
+        return
     from mmlinvit.config_scopes import register_config_scopes
     register_config_scopes()
 

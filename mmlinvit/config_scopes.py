@@ -21,10 +21,9 @@ base is tagged with the ``default_scope`` the base config itself declares (``'mm
 built in the inheriting config's scope.  This is done by wrapping
 ``mmengine.config.Config._get_cfg_path`` once (:func:`register_config_scopes`).
 
-Called on ``import mmlinvit.registry`` and by every tool before a config is read, so
-``tools/train.py`` / ``tools/test.py`` / ``tools/infer.py`` and Python code that imported
-``mmlinvit.registry`` (or called :func:`register_config_scopes`) accept these bases.  Plain
-``import mmlinvit`` stays free of OpenMMLab and registers nothing.
+Called as soon as both ``mmlinvit`` and ``mmengine.config`` are imported (in either order:
+:mod:`mmlinvit._config_scope_hook`), on importing this module, and by every tool before a
+config is read.  Plain ``import mmlinvit`` imports no OpenMMLab package itself.
 """
 import os.path as osp
 from importlib.metadata import PackageNotFoundError, distribution
@@ -139,3 +138,8 @@ def register_config_scopes() -> Dict[str, str]:
     if not hasattr(current, _WRAPPED_MARK):
         Config._get_cfg_path = staticmethod(_wrap_get_cfg_path(current))
     return registered
+
+
+# Importing this module registers (see the module docstring); when this module's own import of
+# mmengine.config fired the hook of ``import mmlinvit``, the hook left it to this line.
+register_config_scopes()

@@ -40,3 +40,16 @@ def test_scopes_register_when_mmengine_was_imported_first(tmp_path):
     proc = _run(tmp_path, code)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert 'OK VisionTransformer' in proc.stdout
+
+
+def test_config_scopes_module_as_the_first_import(tmp_path):
+    """The README's `from mmlinvit.config_scopes import register_config_scopes` as a process's
+    first import failed with a circular ImportError (the hook re-imported the half-loaded
+    module); it works, and the scopes resolve without calling it."""
+    code = ('from mmlinvit.config_scopes import register_config_scopes\n'
+            'from mmengine.config import Config\n' + SCRIPT.split('import Config\n', 1)[1])
+    proc = _run(tmp_path, code)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert 'OK VisionTransformer mmlinvit.LinearVisionTransformer' in proc.stdout
+    again = _run(tmp_path, 'import mmlinvit.config_scopes as s\nprint(sorted(s.register_config_scopes()))')
+    assert again.returncode == 0 and "'mmlinvit'" in again.stdout, again.stderr[-3000:]
