@@ -326,13 +326,27 @@ def _differences(old: Any, new: Any, name: str) -> List[str]:
     return [f'{name}: {old!r} -> {new!r}']
 
 
+def _has_ema_hook(cfg: Any) -> bool:
+    """Whether ``custom_hooks`` holds mmengine's ``EMAHook`` (or a subclass)."""
+    from mmengine.hooks import EMAHook
+    from mmengine.registry import HOOKS
+    for hook in cfg.get('custom_hooks', None) or []:
+        kind = hook.get('type') if hasattr(hook, 'get') else None
+        if isinstance(kind, str):
+            kind = HOOKS.get(kind)
+        if isinstance(kind, type) and issubclass(kind, EMAHook):
+            return True
+    return False
+
+
 def warn_changed_resume_config(cfg: Any, checkpoint: str) -> List[str]:
     """Warns about entries of ``cfg`` that differ from the interrupted run's config.
 
     mmengine's ``Runner.resume`` restores the optimizer and the parameter schedulers from the
     checkpoint, so a learning rate, weight decay or schedule changed for the resumed run is
     silently not used; a changed ``max_iters`` runs past the restored schedule's end, and a
-    changed batch size moves the data stream.  The interrupted run's config is the text
+    changed batch size moves the data stream; a removed ``EMAHook`` continues from the
+    averaged weights instead of the trained ones.  The interrupted run's config is the text
     mmengine stores in the checkpoint (``meta['cfg']``); checkpoints without it (or remote
     ones) are not compared.
 
@@ -363,6 +377,13 @@ def warn_changed_resume_config(cfg: Any, checkpoint: str) -> List[str]:
             changed.append(name)
             diffs = _differences(old, new, name)
             lines.append('; '.join(diffs) + f' ({effect})')
+    if _has_ema_hook(before) and not _has_ema_hook(cfg):
+        changed.append('custom_hooks.EMAHook')
+        lines.append('custom_hooks: EMAHook removed (the checkpoint\'s state_dict holds the '
+                     'averaged weights, its ema_state_dict the trained ones, which EMAHook '
+                     'swaps back on resume: without it the run continues from the averaged '
+                     'weights with the optimizer state of the trained ones; keep the EMAHook '
+                     'to continue exactly)')
     if changed:
         print_log(f'--resume: this config differs from the interrupted run\'s (stored in '
                   f'{checkpoint}):\n  ' + '\n  '.join(lines) + '\nTo train these weights with '

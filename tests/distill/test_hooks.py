@@ -1,4 +1,5 @@
 """DistillLossScheduleHook (switch off / ramp a term) and the NaN stop, inside a Runner."""
+import logging
 import os.path as osp
 
 import pytest
@@ -64,6 +65,37 @@ def test_hook_ramps_by_epoch_and_rejects_unknown_terms(tmp_path):
     runner = Runner.from_cfg(cfg)
     with pytest.raises(KeyError, match=r"Unknown distill term 'attn'.*attn_out"):
         runner.train()
+
+
+def test_hook_refuses_epochs_in_an_iteration_loop_and_warns_past_the_end(tmp_path):
+    """by_epoch=True in an IterBasedTrainLoop kept the start factor for the whole run (its
+    epoch stays 0) with exit 0; a begin past the run's end is warned."""
+    from mmengine.logging import MMLogger
+    cfg = _stage1_cfg(tmp_path, [dict(type='mmlinvit.DistillLossScheduleHook', terms='attn_out',
+                                      by_epoch=True, begin=1)])
+    cfg.train_cfg = dict(type='IterBasedTrainLoop', max_iters=2)
+    with pytest.raises(ValueError, match='iteration-based loop.*by_epoch=False'):
+        Runner.from_cfg(cfg).train()
+    cfg = _stage1_cfg(tmp_path / 'late', [dict(type='mmlinvit.DistillLossScheduleHook',
+                                                terms='attn_out', begin=5)])
+    runner = Runner.from_cfg(cfg)
+    warned = []
+    handler = _ListHandler(warned)
+    MMLogger.get_current_instance().addHandler(handler)
+    try:
+        runner.train()
+    finally:
+        MMLogger.get_current_instance().removeHandler(handler)
+    assert any('begin=5 is not before the run' in m for m in warned), warned
+
+
+class _ListHandler(logging.Handler):
+    def __init__(self, sink):
+        super().__init__(logging.WARNING)
+        self.sink = sink
+
+    def emit(self, record):
+        self.sink.append(record.getMessage())
 
 
 class _PoisonHook(Hook):

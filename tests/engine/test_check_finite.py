@@ -176,3 +176,31 @@ def test_the_message_names_the_checkpoint_on_disk(tmp_path):
         f'the last checkpoint, {tmp_path / "iter_4.pth"}, was written before this'
     (tmp_path / 'last_checkpoint').unlink()
     assert CheckFiniteHook._last_checkpoint(runner) == 'no checkpoint was written yet'
+
+
+def test_non_finite_ema_weights_are_never_saved(tmp_path, toy_root):
+    """With EMAHook at its default priority (NORMAL) the check ran before EMAHook put the
+    averaged weights into the file's state_dict, so NaN in them was written unchecked."""
+    from mmengine.hooks import EMAHook, Hook
+    from mmengine.registry import HOOKS
+
+    @HOOKS.register_module(force=True)
+    class PoisonEMAHook(Hook):
+        """Makes the averaged patch projection NaN after the EMA update of iteration 4."""
+
+        priority = 'LOW'
+
+        def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None):
+            if runner.iter + 1 == 4:
+                ema = next(h for h in runner.hooks if isinstance(h, EMAHook))
+                with torch.no_grad():
+                    ema.ema_model.module.backbone.patch_embed.proj.weight.fill_(math.nan)
+
+    work_dir = str(tmp_path / 'wd')
+    cfg = toy_config(toy_root, work_dir, max_iters=4, interval=4)
+    path = dump(cfg, str(tmp_path / 'cfg.py'),
+                hooks=[dict(type='EMAHook', momentum=0.2), dict(type='PoisonEMAHook')])
+    with pytest.raises(FloatingPointError, match=r'checkpoint being saved \(' +
+                       PATCH_WEIGHT.replace('.', r'\.') + r' \(EMA\)'):
+        load_tool('train').main([path, '--work-dir', work_dir])
+    assert not osp.exists(osp.join(work_dir, 'iter_4.pth'))

@@ -146,3 +146,22 @@ def test_kill_while_saving_the_best_checkpoint_keeps_the_previous_best(tmp_path,
     assert best == ['best_mIoU_iter_4.pth'], best  # intact, no partial file
     from mmlinvit.converters.checkpoint_file import checkpoint_file_problem
     assert checkpoint_file_problem(osp.join(work_dir, best[0])) is None
+
+
+def test_resume_without_the_runs_ema_hook_is_warned(tmp_path):
+    """A checkpoint of an EMA run holds the averaged weights in state_dict (EMAHook swaps the
+    trained ones back on resume); resumed by a config without EMAHook, training went on from the
+    averaged weights with the trained weights' optimizer state, with no word."""
+    import torch
+    from mmengine.config import Config
+
+    from mmlinvit.engine.resume import warn_changed_resume_config
+    with_ema = Config(dict(custom_hooks=[dict(type='mmengine.EMAHook', momentum=2e-4)]))
+    ckpt = str(tmp_path / 'iter_4.pth')
+    torch.save(dict(meta=dict(cfg=with_ema.pretty_text), state_dict={}), ckpt)
+    with captured_log() as warned:
+        changed = warn_changed_resume_config(Config(dict(custom_hooks=[])), ckpt)
+    assert changed == ['custom_hooks.EMAHook']
+    assert any('EMAHook removed' in m and 'keep the EMAHook' in m for m in warned)
+    kept = Config(dict(custom_hooks=[dict(type='EMAHook', momentum=2e-4)]))
+    assert warn_changed_resume_config(kept, ckpt) == []

@@ -133,3 +133,26 @@ def test_resume_is_exact_in_a_two_process_gloo_run(tmp_path, toy_root):
                                logged_metric(work_dir, 'mIoU'))
     assert sorted(full_miou) == [4, 8, 10] and resumed_miou[10] == full_miou[10], (
         full_miou, resumed_miou)
+
+
+def test_two_process_ema_checkpoints_hold_the_validated_norm_stats(tmp_path, toy_root):
+    """With EMAHook, checkpoints hold the averaged model, whose BN buffers EMAHook copied from
+    each process's live model before they were averaged over the processes: the saved (and
+    best) checkpoints held rank 0's statistics while validation had used the averaged ones."""
+    import torch
+    cfg = with_validation(toy_config(toy_root, 'unused', max_iters=8, interval=4), toy_root)
+    stats = str(tmp_path / 'norm_stats.jsonl')
+    work_dir = str(tmp_path / 'ema')
+    proc, _ = _dist_train(cfg, tmp_path, 'ema', work_dir,
+                          hooks=[dict(type='EMAHook', momentum=0.2),
+                                 dict(type='DumpNormStatsHook', path=stats)])
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    with open(stats) as f:
+        per_rank = {row['rank']: row['stats'] for row in map(json.loads, f)}
+    assert per_rank[0] and per_rank[0] == per_rank[1]  # the live (validated) statistics
+    saved = torch.load(osp.join(work_dir, 'iter_8.pth'), map_location='cpu',
+                       weights_only=False)
+    means = [v for k, v in saved['state_dict'].items() if k.endswith('running_mean')]
+    assert means and 'ema_state_dict' in saved
+    flat = torch.cat([m.flatten() for m in means]).tolist()
+    assert flat == pytest.approx(per_rank[0], rel=0, abs=1e-6)

@@ -8,7 +8,7 @@ import math
 from typing import Any, Dict, List, Optional
 
 import torch
-from mmengine.hooks import Hook
+from mmengine.hooks import EMAHook, Hook
 from mmengine.model import is_model_wrapper
 from mmengine.optim import AmpOptimWrapper, OptimWrapperDict
 
@@ -256,8 +256,17 @@ class CheckFiniteHook(Hook):
             self._check_params(runner, f'the end of epoch {runner.epoch + 1}')
 
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
-        """Refuses to write a checkpoint whose weights are not finite."""
+        """Refuses to write a checkpoint whose weights are not finite.
+
+        With mmengine's ``EMAHook`` the averaged weights (which EMAHook puts into the file's
+        ``state_dict`` after this hook, at its lower priority) are checked too.
+        """
         bad = non_finite_tensors(checkpoint.get('state_dict', {}))
+        bad += non_finite_tensors(checkpoint.get('ema_state_dict', {}))
+        for hook in runner.hooks:
+            if isinstance(hook, EMAHook) and hasattr(hook, 'ema_model'):
+                bad += [f'{name} (EMA)' for name in
+                        non_finite_tensors(hook.ema_model.module.state_dict())]
         if bad:
             meta = checkpoint.get('meta', {})
             self._fail(runner, f'Non-finite weights in the checkpoint being saved '

@@ -1,8 +1,11 @@
 """Switches off or ramps distillation terms at given iterations / epochs."""
+import logging
 from typing import Optional, Sequence, Union
 
 from mmengine.hooks import Hook
+from mmengine.logging import print_log
 from mmengine.model import is_model_wrapper
+from mmengine.runner import IterBasedTrainLoop
 
 from mmlinvit.registry import HOOKS
 
@@ -83,7 +86,26 @@ class DistillLossScheduleHook(Hook):
             runner.message_hub.update_scalar(f'train/distill.scale_{term}', value)
 
     def before_train(self, runner) -> None:
-        """Checks the terms exist (KeyError lists the model's terms) and sets the factor."""
+        """Checks the terms exist (KeyError lists the model's terms) and the unit of the
+        positions, and sets the factor.
+
+        Raises:
+            ValueError: ``by_epoch=True`` in an iteration-based loop (its epoch stays 0: the
+                factor would never change).
+        """
+        if self.by_epoch and isinstance(runner.train_loop, IterBasedTrainLoop):
+            raise ValueError(
+                f'DistillLossScheduleHook(by_epoch=True, begin={self.begin}) in an '
+                f'iteration-based loop ({type(runner.train_loop).__name__}), whose epoch stays '
+                f'0: the factor would stay {self.start_factor}. Give begin / end in '
+                f'iterations with by_epoch=False.')
+        length = runner.max_epochs if self.by_epoch else runner.max_iters
+        if self.begin >= length:
+            unit = 'epochs' if self.by_epoch else 'iterations'
+            print_log(f'DistillLossScheduleHook: begin={self.begin} is not before the run\'s '
+                      f'end ({length} {unit}): {self.terms} keep the factor '
+                      f'{self.start_factor} for the whole run.', logger='current',
+                      level=logging.WARNING)
         self._apply(runner, runner.epoch if self.by_epoch else runner.iter)
 
     def before_train_epoch(self, runner) -> None:
