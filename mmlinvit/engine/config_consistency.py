@@ -13,6 +13,9 @@ errors (:class:`ConfigConsistencyError`):
     (fails at iteration 1 with a bare torch message);
   * ``default_hooks.checkpoint.save_best`` names a metric the validation never reports
     (``KeyError`` at the first validation, 16k iterations in);
+  * label maps holding labels beyond the head's classes (Cityscapes label ids under the
+    train-id name): an out-of-range target in training, a silently wrong mIoU in evaluation
+    (also checked by ``tools/test.py``: :func:`label_range_problems`);
 warnings (logged; the run goes on):
   * ``reduce_zero_label=True`` on a data set type whose own default is ``False`` (a custom
     ``BaseSegDataset`` under the ADE20K base: label 0 becomes "ignore", every class moves
@@ -185,8 +188,9 @@ def _save_best_problem(cfg: Any) -> Optional[str]:
 LABEL_SAMPLE = 32
 
 
-def _max_label(dataset: dict, scope: Optional[str]) -> Optional[int]:
-    """The largest label below 255 in a sample of the data set's label maps, if readable."""
+def _sampled_labels(dataset: dict, scope: Optional[str]) -> Optional[Tuple[set, Any]]:
+    """(labels in a sample of the data set's label maps, the lazily built data set), if the
+    maps are readable."""
     import os.path as osp
 
     import numpy as np
@@ -211,8 +215,64 @@ def _max_label(dataset: dict, scope: Optional[str]) -> Optional[int]:
         except (OSError, ValueError):  # unreadable: --check-data / the loader report it
             continue
         labels.update(int(v) for v in values)
-    labels.discard(255)
+    return labels, ds
+
+
+def _max_label(dataset: dict, scope: Optional[str]) -> Optional[int]:
+    """The largest label below 255 in a sample of the data set's label maps, if readable."""
+    found = _sampled_labels(dataset, scope)
+    labels = (found[0] - {255}) if found else set()
     return max(labels) if labels else None
+
+
+def label_range_problems(cfg: Any, mode: str) -> List[str]:
+    """Label maps holding labels beyond the segmentation head's classes.
+
+    A label ``>= num_classes`` (after ``reduce_zero_label``; the data set's ``ignore_index``
+    aside) stops training with an out-of-range target, but evaluation drops or misreads it
+    without a word: Cityscapes label ids (0..33) under the train-id name scored 50.0 mIoU
+    where the predictions were half wrong.
+
+    Args:
+        cfg: The config.
+        mode: ``'train'`` (train and val sets) or ``'test'`` (test set).
+
+    Returns:
+        One problem per data set, naming the labels, the class count and the fix.
+    """
+    from .preflight import _checked_loaders
+    counts = {head['num_classes'] for where, head in _heads(cfg.get('model', None))
+              if '.teacher' not in where}
+    if len(counts) != 1:
+        return []
+    num_classes = counts.pop()
+    problems = []
+    for name, loader in _checked_loaders(cfg, mode):
+        for dataset, where in _iter_datasets(loader.get('dataset', None), f'{name}.dataset'):
+            found = _sampled_labels(dataset, cfg.get('default_scope', None))
+            if found is None or getattr(found[1], 'label_map', None):
+                continue  # unreadable, or remapped by the data set (a class subset)
+            labels, ds = found
+            ignore = getattr(ds, 'ignore_index', 255)
+            reduce = bool(getattr(ds, 'reduce_zero_label', False))
+            beyond = sorted(v for v in labels if v != ignore and v != 255
+                            and (v - 1 if reduce else v) >= num_classes)
+            if not beyond:
+                continue
+            kind = _strip_scope(dataset.get('type'))
+            hint = ('these look like Cityscapes label ids (0..33), not train ids (0..18): '
+                    'generate the *_gtFine_labelTrainIds.png files with mmseg\'s '
+                    'tools/dataset_converters/cityscapes.py (cityscapesscripts) and keep '
+                    'seg_map_suffix=\'_gtFine_labelTrainIds.png\''
+                    if kind == 'CityscapesDataset' else
+                    f'set the head\'s num_classes to the data\'s class count, or give the data '
+                    f'set its classes and reduce_zero_label (now {reduce})')
+            problems.append(
+                f'{where} ({kind}): its label maps hold label(s) {beyond[:8]} (in '
+                f'{LABEL_SAMPLE} sampled maps{", after reduce_zero_label" if reduce else ""}) '
+                f'but the model has {num_classes} classes: training stops with an out-of-range '
+                f'target, evaluation silently drops or misreads them. Fix: {hint}')
+    return problems
 
 
 def _reduce_zero_label_warning(cfg: Any) -> Optional[str]:
@@ -357,6 +417,7 @@ def check_config_consistency(cfg: Any) -> None:
     """
     errors = _class_count_problems(cfg)
     errors += [p for p in (_batch_augment_problem(cfg), _save_best_problem(cfg)) if p]
+    errors += label_range_problems(cfg, 'train')
     if errors:
         lines = '\n'.join(f'  - {p}' for p in errors)
         raise ConfigConsistencyError(

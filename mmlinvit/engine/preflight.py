@@ -425,8 +425,8 @@ def check_inputs(cfg: Any, mode: str = 'train', checkpoint: Optional[str] = None
         PadSizeError: training crops padded to a larger preprocessor size
             (:mod:`.pad_size_check`).
         ConfigConsistencyError: parts of an inherited config that disagree (head classes vs
-            data set classes, ``save_best`` vs the metric; :mod:`.config_consistency`, which
-            also logs warnings).  ``check_config_consistency = False`` in the config skips
+            data set classes, ``save_best`` vs the metric, label maps beyond the head's classes
+            (also in test mode); :mod:`.config_consistency`, which also logs warnings).  ``check_config_consistency = False`` in the config skips
             it.
     """
     counts: List[str] = []
@@ -438,6 +438,12 @@ def check_inputs(cfg: Any, mode: str = 'train', checkpoint: Optional[str] = None
             f'building the runner; nothing was trained):\n{lines}')
     for line in counts:
         print_log(f'Data check: {line}', logger='current', level=logging.INFO)
+    if mode == 'test' and cfg.get('check_config_consistency', True):
+        from .config_consistency import ConfigConsistencyError, label_range_problems
+        problems = label_range_problems(cfg, 'test')
+        if problems:
+            lines = '\n'.join(f'  - {p}' for p in problems)
+            raise ConfigConsistencyError(f'Cannot evaluate:\n{lines}')
     if mode == 'train':
         problem = find_batch_norm_problem(cfg)
         if problem:

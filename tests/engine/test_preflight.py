@@ -489,6 +489,34 @@ def test_cityscapes_label_ids_are_refused(tmp_path):
     assert (out['gt_seg_map'] == 7).all()  # taken as train id 7 (traffic sign), not 0 (road)
 
 
+def test_label_ids_under_the_train_id_name_are_refused_in_test_and_train(tmp_path):
+    """Label-id maps (values up to 33) saved as *_labelTrainIds.png passed every check:
+    training stopped at an out-of-range target, but tools/test.py scored them silently
+    (mmseg's IoUMetric drops labels >= 19 and reads the rest as other classes)."""
+    from mmlinvit.engine.config_consistency import ConfigConsistencyError
+    root = str(tmp_path / 'cityscapes')
+    make_cityscapes_layout(root, num_train=2, num_val=1, size=(16, 32))
+    dataset = dict(type='CityscapesDataset', data_root=root, pipeline=[],
+                   data_prefix=dict(img_path='leftImg8bit/val', seg_map_path='gtFine/val'))
+    cfg = Config(dict(default_scope='mmseg', test_dataloader=dict(batch_size=1, dataset=dataset),
+                      model=dict(type='EncoderDecoder',
+                                 decode_head=dict(type='UPerHead', num_classes=19),
+                                 auxiliary_head=dict(type='FCNHead', num_classes=19))))
+    check_inputs(cfg, mode='test')  # the converter's train ids pass
+    gt = osp.join(root, 'gtFine', 'val')
+    for folder, _, names in os.walk(gt):
+        for name in names:
+            ids = np.full((16, 32), 7, np.uint8)  # road's label id (train id 0)
+            ids[:4] = 23  # sky
+            ids[4:8] = 26  # car
+            Image.fromarray(ids).save(osp.join(folder, name))
+    with pytest.raises(ConfigConsistencyError, match=r'(?s)label\(s\) \[23, 26\].*19 classes.*'
+                       r'Cityscapes label ids.*tools/dataset_converters/cityscapes.py'):
+        check_inputs(cfg, mode='test')
+    cfg.check_config_consistency = False  # the documented way out
+    check_inputs(cfg, mode='test')
+
+
 def test_cityscapes_interrupted_conversion(tmp_path):
     root = str(tmp_path / 'cityscapes')
     stems = make_cityscapes_layout(root, num_train=3, num_val=1, size=(16, 32))
