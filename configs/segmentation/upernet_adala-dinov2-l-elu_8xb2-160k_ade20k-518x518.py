@@ -1,7 +1,9 @@
 # ViT-AdaLA Stage 3 with UPerNet instead of Mask2Former: the linearized DINOv2-L student
 # (ELU+1) from the Stage-2 checkpoint, Feature2Pyramid (4x, 2x, 1x, 0.5x) -> UPerHead,
 # ADE20K 150 classes, 518 x 518 crops (see configs/segmentation/
-# mask2former_dinov2-l_8xb2-160k_ade20k-518x518.py for why 518).
+# mask2former_dinov2-l_8xb2-160k_ade20k-518x518.py for why 518).  ViT-AdaLA reports
+# Mask2Former only: the head width (768), drop-path 0.3 and AdamW 3e-5 with layer decay 0.9
+# (mmseg's BEiT-Base UPerNet recipe) are mmlinvit's choices.
 _base_ = [
     '../_base_/models/upernet_vit.py', '../_base_/datasets/ade20k_518x518.py',
     '../_base_/default_runtime_seg.py', '../_base_/schedules/schedule_160k.py',
