@@ -13,7 +13,7 @@ numerator over the sign-safe normaliser, i.e. the map
 local branch.
 """
 import math
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -117,15 +117,53 @@ def token_block_index(hw_shape: Tuple[int, int], block_grid: Tuple[int, int],
     return torch.cat([prefix, block])
 
 
+def _block_spans(n: int, g: int) -> List[Tuple[int, int]]:
+    """[start, stop) of each of ``g`` blocks over ``n`` positions, as :func:`patch_block_index`
+    assigns them (position y to block ``min((y * g + g - 1) // n, g - 1)``)."""
+    owner = [min((y * g + g - 1) // n, g - 1) for y in range(n)]
+    spans = []
+    for block in range(g):
+        members = [y for y in range(n) if owner[y] == block]
+        spans.append((members[0], members[-1] + 1) if members else (0, 0))
+    return spans
+
+
+def block_token_indices(hw_shape: Tuple[int, int], block_grid: Tuple[int, int],
+                        num_prefix_tokens: int,
+                        device: Optional[torch.device] = None) -> List[torch.Tensor]:
+    """Token indices of every block (row-major over ``block_grid``), prefix tokens first.
+
+    Built from the grid sizes alone (no data-dependent ops), so ``torch.compile`` and
+    ``torch.export`` take :func:`mhla_attention` as one graph.  Equals
+    ``[torch.nonzero(token_block_index(...) == b).flatten() for b in range(gh * gw)]``.
+
+    Args:
+        hw_shape: (h, w) patch grid.
+        block_grid: (gh, gw) blocks per side.
+        num_prefix_tokens: Number of prefix tokens at the front.
+        device: Device of the results.
+
+    Returns:
+        ``gh * gw`` integer tensors (empty for a block without patches).
+    """
+    (h, w), (gh, gw) = hw_shape, block_grid
+    rows, cols = _block_spans(h, gh), _block_spans(w, gw)
+    return [(torch.arange(r0, r1, device=device)[:, None] * w
+             + torch.arange(c0, c1, device=device)[None, :]).flatten() + num_prefix_tokens
+            for r0, r1 in rows for c0, c1 in cols]
+
+
 def mhla_attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
-                   block_of: torch.Tensor, mixing: torch.Tensor, eps: float) -> torch.Tensor:
+                   block_tokens: Sequence[torch.Tensor], num_prefix_tokens: int,
+                   mixing: torch.Tensor, eps: float) -> torch.Tensor:
     """O(N) block-mixed linear attention (the attention term, no local branch), fp32.
 
     Args:
         phi_q: Query features (B, H, N, d), fp32.
         phi_k: Key features (B, H, N, d), fp32.
         v: Values (B, H, N, e).
-        block_of: (N,) block id of every token, -1 for prefix tokens (which come first).
+        block_tokens: Token indices of every block (:func:`block_token_indices`).
+        num_prefix_tokens: Number of prefix tokens (which come first, in no block).
         mixing: (H or 1, nb, nb) mixing matrix m.
         eps: Normaliser epsilon (on the 1/N-scaled normaliser).
 
@@ -136,15 +174,14 @@ def mhla_attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
     with autocast_disabled(phi_k.device):
         phi_q, phi_k = phi_q.float(), phi_k.float()
         n = phi_k.shape[-2]
-        num_blocks = mixing.shape[-1]
-        p = int((block_of < 0).sum())
+        p = num_prefix_tokens
+        if len(block_tokens) != mixing.shape[-1]:
+            raise ValueError(f'{len(block_tokens)} blocks of tokens for a '
+                             f'{mixing.shape[-1]}-block mixing matrix')
         v32 = v.float()
         ones = torch.ones(v32.shape[:-1] + (1, ), dtype=v32.dtype, device=v32.device)
         v_aug = torch.cat([v32, ones], dim=-1)  # (B, H, N, e + 1): numerator and normaliser
 
-        block_tokens: List[torch.Tensor] = [
-            torch.nonzero(block_of == b).flatten() for b in range(num_blocks)
-        ]
         # Per-block summaries (B, H, nb, d, e + 1) and the prefix group's summary.
         kv_blocks = torch.stack([
             torch.matmul(phi_k[:, :, idx].transpose(-2, -1), v_aug[:, :, idx])

@@ -24,6 +24,8 @@ from typing import Callable, ContextManager, Dict, Optional, Sequence, Set, Tupl
 
 import torch
 
+from .graph_capture import capturing_graph
+
 _TRUE_VALUES = ('1', 'true', 'on', 'yes')
 
 #: Limits of every Triton kernel of the package (linear attention and SSD scan), kept here so
@@ -130,6 +132,8 @@ def log_choice_once(logged: Set[Tuple[str, str]], operation: str, backend: str,
         backend: The chosen backend.
         reason: Why it was chosen.
     """
+    if capturing_graph():  # the logging module is not traceable; eager calls log it
+        return
     key = (backend, reason)
     if key not in logged:
         logged.add(key)

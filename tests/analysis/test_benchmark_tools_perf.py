@@ -50,3 +50,33 @@ def test_onnx_benchmark_tiny(capsys):
         assert row[f'{name} max abs err'] < 1e-4 * max(1.0, row[f'{name} max abs ref'])
     out = capsys.readouterr().out
     assert 'vit-elu ratio' in out and 'adventurer ratio' in out
+
+
+def test_compiled_cases_in_one_process_are_all_compiled(monkeypatch):
+    """benchmark_backbones --compile in one process (CUDA, --cpu-memory inprocess): after
+    dynamo's recompile limit (8 variants of the shared code objects) the later cases ran eager
+    and their times were reported as compiled.  Every case must hand graphs to the compiler."""
+    import torch
+    from torch._dynamo.testing import CompileCounter
+
+    from mmlinvit.backbones import LinearVisionTransformer
+    tool = _load(ROOT / 'tools/analysis/benchmark_backbones.py', 'bench_backbones_under_test')
+    counters = []
+    real_compile = torch.compile
+
+    def counting_compile(model, **kwargs):
+        counters.append(CompileCounter())
+        return real_compile(model, backend=counters[-1], dynamic=kwargs.get('dynamic'))
+
+    monkeypatch.setattr(torch, 'compile', counting_compile)
+    for operator in ('elu', 'relu', 'inline'):
+        torch.manual_seed(0)
+        model = LinearVisionTransformer(dict(embed_dims=16, num_layers=1, num_heads=2,
+                                             mlp_hidden_dims=32), img_size=16, patch_size=8,
+                                        attn_cfg=operator, check_operator_setting=False,
+                                        out_type='featmap').eval()
+        for size in (16, 24, 32, 40):
+            tool.measure_compiled(model, (size, size), torch.device('cpu'), torch.float32,
+                                  repeats=1, max_seconds=1.0)
+    assert len(counters) == 12 and all(c.frame_count >= 1 for c in counters), [
+        c.frame_count for c in counters]

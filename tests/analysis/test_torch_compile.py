@@ -12,6 +12,7 @@ import torch
 
 from mmlinvit.backbones import Adventurer, LinearVisionTransformer
 from mmlinvit.ops.linear_attention import dispatch
+from mmlinvit.ops.ssd import dispatch as ssd_dispatch
 
 CXX = os.environ.get('CXX', 'g++')
 pytestmark = pytest.mark.skipif(
@@ -28,7 +29,28 @@ def _models():
     adventurer = Adventurer(dict(embed_dims=32, num_layers=1), img_size=32, patch_size=8,
                             mixer_cfg=dict(d_state=8, headdim=16, chunk_size=16),
                             out_type='featmap')
-    return {'linear-vit': vit.eval(), 'adventurer': adventurer.eval()}
+    mhla = LinearVisionTransformer(dict(embed_dims=32, num_layers=1, num_heads=2,
+                                        mlp_hidden_dims=64), img_size=32, patch_size=8,
+                                   attn_cfg=dict(type='mhla', block_grid=(2, 2)),
+                                   check_operator_setting=False, out_type='featmap')
+    return {'linear-vit': vit.eval(), 'adventurer': adventurer.eval(), 'mhla': mhla.eval()}
+
+
+def test_first_call_compiles_whole(monkeypatch):
+    """The compiled call as the first forward of the process (mmengine's ``compile=True``):
+    the backend choice's one-time log line broke the graph (fullgraph=True failed), and MHLA's
+    data-dependent block indices broke it per block (inductor failed with fullgraph=True)."""
+    monkeypatch.setattr(dispatch, '_logged_choices', set())
+    monkeypatch.setattr(ssd_dispatch, '_logged_choices', set())
+    torch._dynamo.reset()
+    images = torch.randn(1, 3, 32, 48)
+    for name, model in _models().items():
+        compiled = torch.compile(model, backend='eager', fullgraph=True, dynamic=False)
+        with torch.no_grad():
+            out = compiled(images)
+            ref = model(images)
+        torch.testing.assert_close(out[0], ref[0], atol=1e-6, rtol=1e-5, msg=name)
+    torch._dynamo.reset()
 
 
 def test_compiled_linear_vit_and_adventurer_match_eager(monkeypatch):

@@ -15,7 +15,7 @@ from mmlinvit.layers.attention.ttt import TestTimeTrainingAttention
 from mmlinvit.ops.feature_maps import hedgehog_feature
 from mmlinvit.ops.identity_attention import identity_linear_attention
 from mmlinvit.ops.linear_attention import inline_attention_torch
-from mmlinvit.ops.mhla import block_centre_mixing, mhla_attention, token_block_index
+from mmlinvit.ops.mhla import block_centre_mixing, block_token_indices, mhla_attention
 
 AUTOCAST_DTYPES = [torch.bfloat16, torch.float16]
 
@@ -54,10 +54,10 @@ def test_mhla_block_sums_stay_finite_and_exact_under_autocast(dtype):
     phi_q = torch.relu(_tokens(n, 16, 40.0, 1.0, 0))
     phi_k = torch.relu(_tokens(n, 16, 40.0, 1.0, 1))
     v = _tokens(n, 16, 2.0, 1.0, 2)
-    block_of = token_block_index(grid, (2, 2), 0)
+    blocks = block_token_indices(grid, (2, 2), 0)
     mixing = block_centre_mixing((2, 2))[None]
-    want = mhla_attention(phi_q, phi_k, v, block_of, mixing, 1e-6)
-    got = _under_autocast(dtype, mhla_attention, phi_q, phi_k, v, block_of, mixing, 1e-6)
+    want = mhla_attention(phi_q, phi_k, v, blocks, 0, mixing, 1e-6)
+    got = _under_autocast(dtype, mhla_attention, phi_q, phi_k, v, blocks, 0, mixing, 1e-6)
     assert torch.isfinite(got).all()
     assert _rel(got, want) < 1e-6
 

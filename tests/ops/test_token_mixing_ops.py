@@ -3,6 +3,7 @@
 Covers :mod:`mmlinvit.ops.signed_normaliser`, :mod:`mmlinvit.ops.identity_attention`,
 :mod:`mmlinvit.ops.inline`, :mod:`mmlinvit.ops.mhla` and ``hedgehog_feature``.
 """
+import pytest
 import torch
 
 from mmlinvit.ops.feature_maps import hedgehog_feature
@@ -10,8 +11,8 @@ from mmlinvit.ops.identity_attention import (identity_linear_attention,
                                              identity_linear_attention_map)
 from mmlinvit.ops.inline import inline_attention_map
 from mmlinvit.ops.linear_attention import inline_attention
-from mmlinvit.ops.mhla import (mhla_attention, mhla_attention_map, patch_block_index,
-                               token_block_index)
+from mmlinvit.ops.mhla import (block_token_indices, mhla_attention, mhla_attention_map,
+                               patch_block_index, token_block_index)
 from mmlinvit.ops.signed_normaliser import signed_safe_denominator
 
 
@@ -62,6 +63,19 @@ def test_inline_map_matches_formula_and_linear_path():
     torch.testing.assert_close(out.double(), expected @ v, **FP32)
 
 
+@pytest.mark.parametrize('hw,grid,p', [((3, 5), (2, 2), 2), ((7, 5), (3, 2), 0),
+                                       ((2, 5), (3, 4), 1), ((16, 16), (4, 4), 5),
+                                       ((1, 1), (2, 2), 0), ((37, 37), (4, 4), 1)])
+def test_block_token_indices_equal_the_block_index_groups(hw, grid, p):
+    """The static index lists (no nonzero / item: one graph under torch.compile) group the
+    tokens as token_block_index does, empty blocks (a grid smaller than the blocks) included."""
+    block_of = token_block_index(hw, grid, p)
+    got = block_token_indices(hw, grid, p)
+    assert len(got) == grid[0] * grid[1]
+    for b, idx in enumerate(got):
+        assert torch.equal(idx, torch.nonzero(block_of == b).flatten()), b
+
+
 def test_mhla_attention_matches_dense_formula_with_prefix_tokens():
     hw, grid, p = (3, 5), (2, 2), 2
     n = p + hw[0] * hw[1]
@@ -87,7 +101,7 @@ def test_mhla_attention_matches_dense_formula_with_prefix_tokens():
             out[:, hd, i] = (num / n) / (den / n + eps)
     # The layer passes fp32 features and mixing (the ops accumulate in fp32).
     f32 = [t.float() for t in (phi_q, phi_k, v)]
-    got = mhla_attention(*f32, block_of, mixing.float(), eps)
+    got = mhla_attention(*f32, block_token_indices(hw, grid, p), p, mixing.float(), eps)
     assert got.dtype == torch.float32
     torch.testing.assert_close(got.double(), out, **FP32)
     attn = mhla_attention_map(f32[0], f32[1], block_of, mixing.float(), eps)

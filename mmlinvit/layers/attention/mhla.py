@@ -74,7 +74,8 @@ import torch.nn as nn
 
 from mmlinvit.ops.feature_maps import get_feature_map
 from mmlinvit.ops.mhla import (block_centre_mixing, block_centre_mixing_cos,
-                               block_centre_mixing_linear, mhla_attention, mhla_attention_map,
+                               block_centre_mixing_linear, block_token_indices,
+                               mhla_attention, mhla_attention_map,
                                mhla_token_mixing_weights, patch_block_index, token_block_index)
 from mmlinvit.ops.patch_grid import (check_patch_grid, depthwise_conv2d,
                                      depthwise_conv2d_reference, grid_to_heads, heads_to_grid)
@@ -248,9 +249,10 @@ class MultiHeadLinearAttention(AttentionOperator):
     def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             hw_shape: Optional[Tuple[int, int]], num_prefix_tokens: int) -> torch.Tensor:
         """O(N) block-mixed linear attention plus the local branch, (B, H, N, d)."""
-        block_of = self.token_block_index(k.shape[-2], hw_shape, num_prefix_tokens, k.device)
-        out = mhla_attention(self._phi(q), self._phi(k), v, block_of, self._mixing(),
-                             self._eps(k.shape[-2]))
+        hw = check_patch_grid('mhla', k.shape[-2], hw_shape, num_prefix_tokens)
+        blocks = block_token_indices(hw, self.block_grid, num_prefix_tokens, k.device)
+        out = mhla_attention(self._phi(q), self._phi(k), v, blocks, num_prefix_tokens,
+                             self._mixing(), self._eps(k.shape[-2]))
         if self.local_conv is not None:
             out = out + self.local_branch(v, tuple(hw_shape), num_prefix_tokens)
         return out.to(v.dtype)
