@@ -102,6 +102,14 @@ def test_student_segmentor_exports_whole_and_matches(tmp_path):
     assert meta['mean'] == pre.mean.flatten().tolist() and meta['std'] == pre.std.flatten().tolist()
     assert meta['bgr_to_rgb'] is True and meta['pad_to_multiple'] == 8
     assert 'LoadImageFromFile' in meta['prepare'] and 'RGB' in meta['prepare']
+    # where to pad (DINOv2 configs pad centred) was not recorded
+    assert meta['patch_padding'] == 'corner' and 'bottom / right' in meta['prepare']
+    model.patch_padding = 'center'
+    _tool()  # puts tools/deployment on sys.path
+    from onnx_tools import graph_input_convention
+    centred = graph_input_convention(model, model, 'student',
+                                     dict(patch_size=8, pads_outside_backbone=True))
+    assert centred['patch_padding'] == 'center' and 'split evenly' in centred['prepare']
 
     # an odd patch grid (9 x 9): the neck's covering 0.5x level exports too
     info = _tool().main([str(ROOT / STUDENT_SEG), str(ckpt), '--out', str(out), '--shape', '72',
@@ -119,8 +127,21 @@ def test_softmax_teacher_of_a_distillation_config(tmp_path):
     ckpt = tmp_path / 'deit-t.pth'
     torch.save(teacher.state_dict(), ckpt)
     out = tmp_path / 'teacher.onnx'
-    info = _tool().main([str(ROOT / DISTILL_CLS), str(ckpt), '--which', 'teacher', '--out',
-                         str(out), '--shape', '32', '48'])
+    import logging
+
+    from mmengine.logging import MMLogger
+    messages: List[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: messages.append(record.getMessage())
+    MMLogger.get_current_instance().addHandler(handler)
+    try:
+        info = _tool().main([str(ROOT / DISTILL_CLS), str(ckpt), '--which', 'teacher', '--out',
+                             str(out), '--shape', '32', '48'])
+    finally:
+        MMLogger.get_current_instance().removeHandler(handler)
+    # it said the teacher "keeps its random initialisation" while exporting CKPT's weights
+    assert not [m for m in messages if 'random initialisation' in m], messages
+    assert any(f'teacher backbone with the weights of {ckpt}' in m for m in messages), messages
     assert info['which'] == 'teacher' and info['part'] == 'backbone'
     assert info['backbone'] == 'VisionTransformer'
     images = torch.randn(1, 3, 32, 48)

@@ -16,10 +16,12 @@
 
 Imports of onnx / onnxruntime / OpenMMLab happen inside the functions that need them.
 """
+import contextlib
 import inspect
 import json
+import logging
 import os
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -132,6 +134,28 @@ def load_weights(module: nn.Module, path: str, where: str,
                    f'unexpected {unexpected[:8]}{"..." if len(unexpected) > 8 else ""}')
 
 
+#: The distillation teacher's build-time note when it has no checkpoint of its own.
+RANDOM_TEACHER_NOTE = 'The teacher has no checkpoint'
+
+
+@contextlib.contextmanager
+def _without_random_teacher_warning(active: bool) -> Iterator[None]:
+    """Drops the teacher's "keeps its random initialisation" warning while the model is built
+    (its checkpoint paths are cleared: the export's CHECKPOINT supplies the weights)."""
+    if not active:
+        yield
+        return
+    from mmengine.logging import MMLogger
+    logger = MMLogger.get_current_instance()
+    note = logging.Filter()
+    note.filter = lambda record: not record.getMessage().startswith(RANDOM_TEACHER_NOTE)
+    logger.addFilter(note)
+    try:
+        yield
+    finally:
+        logger.removeFilter(note)
+
+
 def build_export_module(config: str,
                         checkpoint: Optional[str],
                         part: str = 'auto',
@@ -157,6 +181,7 @@ def build_export_module(config: str,
         The eval-mode export module and a description dict (what was exported, crop size,
         checkpoint prefix).
     """
+    from mmengine.logging import print_log
     from mmengine.model import BaseModel
     from mmengine.registry import MODELS, init_default_scope
 
@@ -173,7 +198,8 @@ def build_export_module(config: str,
     if cfg.get('data_preprocessor') is not None:  # as mmengine's Runner merges it
         cfg.model.setdefault('data_preprocessor', cfg.data_preprocessor)
     adapt_to_device(cfg)
-    model = MODELS.build(cfg.model)
+    with _without_random_teacher_warning(checkpoint is not None):
+        model = MODELS.build(cfg.model)
     if isinstance(model, DistillationModel):
         if which == 'teacher' and model.teacher is None:
             raise ValueError(f'{config}: the distillation model has no teacher to export')
@@ -201,6 +227,9 @@ def build_export_module(config: str,
         # saved, so load what exists into the exported part instead).
         target = task if part == 'model' else backbone
         prefix = load_weights(target, checkpoint, f'{which} {part}', trust_checkpoint)
+        print_log(f'Exporting the {which} {part} with the weights of {checkpoint}'
+                  f'{f" (keys under {prefix!r})" if prefix else ""}', logger='current',
+                  level=logging.WARNING if which == 'teacher' else logging.INFO)
     module = TaskModelExport(task) if part == 'model' else BackboneExport(backbone)
     module.eval()
     info = dict(config=config, checkpoint=checkpoint, part=part, which=which,
@@ -236,7 +265,8 @@ def graph_input_convention(model: nn.Module, task: nn.Module, which: str,
     Returns:
         ``mean`` / ``std`` (0-255 units; ``None`` when the preprocessor does not normalise),
         ``bgr_to_rgb`` (the preprocessor's channel swap of the loaded image), the padding
-        multiple and a sentence saying how to prepare an image.
+        multiple, where a segmentor pads (``patch_padding``; None when the graph pads) and a
+        sentence saying how to prepare an image.
     """
     from mmlinvit.models.distill import DistillationConfigError
     from mmlinvit.models.distill.teacher_input_norm import student_input_stats
@@ -251,16 +281,25 @@ def graph_input_convention(model: nn.Module, task: nn.Module, which: str,
     # mmseg's SegDataPreProcessor / mmpretrain's ClsDataPreprocessor name the swap apart
     swap = bool(getattr(pre, '_channel_conversion', getattr(pre, 'to_rgb', False)))
     patch = info.get('patch_size')
+    # mmlinvit.EncoderDecoder pads the normalised input with zeros: at the bottom / right
+    # ('corner', mmseg's) or split evenly, the extra row / column at the bottom / right
+    # ('center', DINOv2's CenterPadding)
+    padding = getattr(task, 'patch_padding', 'corner') if info.get('pads_outside_backbone') \
+        else None
+    where = ('split evenly between both sides (the extra row / column at the bottom / right; '
+             'patch_padding=center)' if padding == 'center' else
+             'at the bottom / right (patch_padding=corner)')
     how = ('the data preprocessor\'s output: the image as the test pipeline loads it (BGR '
            'for files read by LoadImageFromFile)' + (', channels reversed to RGB' if swap else
                                                     '') +
            (f', then (x - mean) / std with mean {mean} and std {std} (0-255 units)'
             if mean is not None else ', not normalised') +
-           ('; pad H and W to multiples of the patch size as the segmentor does '
-            '(patch_padding) and crop the logits back, then resize them to the image and take '
-            'the argmax' if info.get('pads_outside_backbone') else
+           (f'; pad H and W with zeros (after normalising) to multiples of the patch size '
+            f'{where} and crop the logits back, then resize them to the image and take the '
+            f'argmax' if info.get('pads_outside_backbone') else
             '; a side off the patch grid is padded inside the graph (bottom / right)'))
-    return dict(mean=mean, std=std, bgr_to_rgb=swap, pad_to_multiple=patch, prepare=how)
+    return dict(mean=mean, std=std, bgr_to_rgb=swap, pad_to_multiple=patch,
+                patch_padding=padding, prepare=how)
 
 
 def write_onnx_metadata(path: str, entries: Dict[str, Any]) -> None:
