@@ -205,6 +205,43 @@ def choose(proposals: List[dict], teacher_s: float, time_budget: Optional[float]
     return max(fitting, key=lambda p: p['keep'])
 
 
+def timing_warnings(costs: dict, proposals: List[dict], chosen: dict,
+                    time_budget: Optional[float]) -> List[str]:
+    """What makes the predicted times untrustworthy (timings of a busy or noisy machine).
+
+    The teacher and each block are timed apart, so on a loaded machine the blocks' shares
+    can add up to more than the whole and a prediction (teacher minus savings) can be
+    negative; the choice made from such predictions can miss the budget.
+
+    Args:
+        costs: :func:`layer_costs`.
+        proposals: :func:`propose`, with ``measured_s`` (each hybrid timed whole).
+        chosen: The chosen proposal.
+        time_budget: ``--time-budget`` (a fraction of the teacher time), or None.
+
+    Returns:
+        One sentence per problem found (empty when the timings agree).
+    """
+    teacher_s = costs['teacher_s']
+    out = []
+    share = sum(b['softmax_s'] for b in costs['blocks']) / teacher_s
+    if share > 1.15:
+        out.append(f'the blocks, timed one by one, take {100 * share:.0f}% of the teacher '
+                   f'time (their sum cannot exceed the whole)')
+    bad = [p['keep'] for p in proposals if p['predicted_s'] <= 0]
+    if bad:
+        out.append(f'predicted times <= 0 for keep k = {bad}')
+    if time_budget is not None and chosen['measured_s'] > time_budget * teacher_s:
+        out.append(f'the chosen hybrid (k = {chosen["keep"]}) measured '
+                   f'{chosen["measured_s"] / teacher_s:.2f} of the teacher time, over the '
+                   f'--time-budget {time_budget}')
+    if out:
+        out.append('the timings are noisy (a busy machine or too few --repeats): re-run with '
+                   'more --repeats on a quiet machine, or choose with --keep from the '
+                   'measured column')
+    return out
+
+
 def _resolution_text(resolution: Sequence[int]) -> str:
     return 'x'.join(str(r) for r in resolution)
 

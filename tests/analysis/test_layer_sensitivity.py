@@ -11,7 +11,7 @@ import torch
 
 from mmlinvit.analysis import attention_gap, attention_output_stats, feature_gap
 from mmlinvit.analysis.layer_sensitivity import (choose, clone_with_attn, hybrid_attn_cfg,
-                                                 layer_costs, propose)
+                                                 layer_costs, propose, timing_warnings)
 from mmlinvit.backbones import VisionTransformer
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
@@ -54,6 +54,28 @@ def test_proposals_keep_the_most_sensitive_layers_and_sum_the_savings():
         choose(proposals, 20.0, 0.1, None)
     with pytest.raises(ValueError, match='out of range'):
         choose(proposals, 20.0, None, 5)
+
+
+def test_noisy_timings_are_warned():
+    """On a loaded machine the blocks' shares added up to 195 % of the teacher, predictions
+    were negative and the chosen hybrid measured slower than the budget, printed as fact."""
+    sensitivity = [dict(feature_gap=g) for g in (0.3, 0.05)]
+    blocks = [dict(softmax_s=4.0, linear_s=1.0, softmax_flops=40, linear_flops=10),
+              dict(softmax_s=3.0, linear_s=1.0, softmax_flops=30, linear_flops=10)]
+    quiet = dict(teacher_s=8.0, teacher_flops=80, blocks=blocks, resolution=[8, 8])
+    proposals = propose(sensitivity, quiet, 'elu')
+    for p, measured in zip(proposals, (3.1, 6.0, 8.0)):
+        p['measured_s'] = measured
+    chosen = choose(proposals, 8.0, 0.5, None)
+    assert timing_warnings(quiet, proposals, chosen, 0.5) == []
+    busy = dict(quiet, teacher_s=4.0)  # blocks 7 s of a 4 s whole
+    proposals = propose(sensitivity, busy, 'elu')
+    for p, measured in zip(proposals, (3.1, 6.0, 8.0)):
+        p['measured_s'] = measured
+    chosen = choose(proposals, 4.0, 0.5, None)
+    text = ' '.join(timing_warnings(busy, proposals, chosen, 0.5))
+    assert '175% of the teacher time' in text and 'predicted times <= 0' in text
+    assert 'k = 1) measured 1.50 of the teacher time' in text and '--repeats' in text
 
 
 def test_block_flops_match_the_closed_form():

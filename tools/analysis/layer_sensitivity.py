@@ -59,7 +59,8 @@ from mmlinvit.analysis import attention_gap, feature_gap  # noqa: E402
 from mmlinvit.analysis.layer_sensitivity import (align_layer, best_seconds,  # noqa: E402
                                                  choose, clone_with_attn, hybrid_attn_cfg,
                                                  layer_costs, pareto_table, propose,
-                                                 proposal_table, sensitivity_table)
+                                                 proposal_table, sensitivity_table,
+                                                 timing_warnings)
 from mmlinvit.backbones import VisionTransformer  # noqa: E402
 from mmlinvit.engine.resume import last_checkpoint_target  # noqa: E402
 from mmlinvit.utils.cli import load_script  # noqa: E402
@@ -322,10 +323,14 @@ def main(argv: Optional[List[str]] = None) -> dict:
     table2 = proposal_table(proposals, costs)
     why = (f'--keep {args.keep}' if args.keep is not None else
            f'largest k with predicted time <= {args.time_budget} x teacher')
+    noisy = timing_warnings(costs, proposals, chosen,
+                            args.time_budget if args.keep is None else None)
+    for line in noisy:
+        print(f'WARNING: {line}', flush=True)
     summary = (f'operator {args.operator}; Stage 1 per layer: {args.align_iters} steps '
                f'({align_s:.0f} s for all layers)\n\n{table1}\n\n{table2}\n\n'
                f'chosen: keep k = {chosen["keep"]} softmax layers {chosen["softmax_layers"]} '
-               f'({why})')
+               f'({why})' + ''.join(f'\n\nWARNING: {line}' for line in noisy))
     out_config = args.out_config or osp.join(
         work_dir, f'hybrid_{args.operator}_keep{chosen["keep"]}.py')
     write_config(out_config, args.config, args.checkpoint, chosen, summary)
