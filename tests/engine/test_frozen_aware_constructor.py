@@ -2,6 +2,7 @@
 line: mmengine warned once per parameter (about 590 warnings per DINOv2-L Stage-1 start)."""
 import logging
 
+import torch
 import torch.nn as nn
 from mmengine.optim import DefaultOptimWrapperConstructor
 
@@ -25,6 +26,8 @@ class Model(nn.Module):
         super().__init__()
         self.student = nn.ModuleList([Block(), Block()])
         self.teacher = nn.ModuleList([Block(), Block()])
+        # a frozen parameter of a partly trained module (a Stage-1 student's cls_token)
+        self.cls_token = nn.Parameter(torch.zeros(1, 4), requires_grad=False)
         for p in self.teacher.parameters():
             p.requires_grad = False
         for block in self.student:
@@ -49,11 +52,12 @@ def test_same_groups_as_mmengine_and_one_line():
     with captured_log(logging.INFO) as ours_log:
         ours = FrozenAwareOptimWrapperConstructor(dict(CFG), PARAMWISE)(model)
     assert _groups(ours, model) == _groups(theirs, model)
-    assert sum('is skipped since its requires_grad=False' in m for m in theirs_log) == 20
+    assert sum('is skipped since its requires_grad=False' in m for m in theirs_log) == 21
     assert not any('is skipped since' in m for m in ours_log)
     summary = [m for m in ours_log if m.startswith('Not optimised')]
-    assert summary == ['Not optimised (requires_grad=False): 20 parameter tensors of '
-                       'student.*.mlp (4), student.*.norm (4), teacher (12)'], summary
+    assert summary == ['Not optimised (requires_grad=False): 21 parameter tensors of '
+                       'cls_token (1), student.*.mlp (4), student.*.norm (4), teacher (12)'
+                       ], summary
 
 
 def test_training_runs_use_it_for_the_default_constructor():

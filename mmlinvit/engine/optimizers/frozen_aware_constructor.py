@@ -4,8 +4,9 @@ mmengine logs one WARNING per parameter with ``requires_grad=False`` ("... is sk
 requires_grad=False").  A distillation run freezes a whole teacher (and in ViT-AdaLA Stage 1
 every non-attention part of the student): about 590 warnings at every DINOv2-L Stage-1 start,
 which buried the run's real warnings.  Here a module whose parameters are all frozen is left
-out as a whole and the run logs one INFO line naming the frozen parts; the parameter groups
-are those of mmengine's constructor.
+out as a whole, the frozen parameters of partly frozen modules (a Stage-1 student's
+``cls_token`` / ``pos_embed``) are counted instead of warned about, and the run logs one INFO
+line naming the frozen parts; the parameter groups are those of mmengine's constructor.
 """
 import logging
 import re
@@ -13,10 +14,14 @@ from collections import Counter
 from typing import List, Optional
 
 import torch.nn as nn
-from mmengine.logging import print_log
+from mmengine.logging import MMLogger, print_log
 from mmengine.optim import DefaultOptimWrapperConstructor, OptimWrapper
 
 from mmlinvit.registry import OPTIM_WRAPPER_CONSTRUCTORS
+
+
+#: mmengine's warning for each parameter with requires_grad=False (``<name> is skipped ...``).
+_SKIPPED = re.compile(r'^(\S+) is skipped since its requires_grad=False$')
 
 
 @OPTIM_WRAPPER_CONSTRUCTORS.register_module()
@@ -44,4 +49,22 @@ class FrozenAwareOptimWrapperConstructor(DefaultOptimWrapperConstructor):
             # blocks.0.mlp, blocks.1.mlp, ... -> blocks.*.mlp
             self._frozen[re.sub(r'\.\d+(?=\.|$)', '.*', prefix) or '<model>'] += len(own)
             return
-        super().add_params(params, module, prefix=prefix, is_dcn_module=is_dcn_module)
+        frozen = self._frozen
+
+        class CountFrozen(logging.Filter):
+            """Counts mmengine's per-parameter "is skipped" warnings instead of showing them."""
+
+            def filter(self, record: logging.LogRecord) -> bool:
+                found = _SKIPPED.match(record.getMessage())
+                if found is None:
+                    return True
+                frozen[re.sub(r'\.\d+(?=\.|$)', '.*', found.group(1).lstrip('.'))] += 1
+                return False
+
+        logger = MMLogger.get_current_instance()
+        note = CountFrozen()
+        logger.addFilter(note)
+        try:
+            super().add_params(params, module, prefix=prefix, is_dcn_module=is_dcn_module)
+        finally:
+            logger.removeFilter(note)
