@@ -65,6 +65,10 @@ def installed_distribution(candidates: Tuple[str, ...]) -> Optional[str]:
     return None
 
 
+class ConfigsNotInstalledError(FileNotFoundError):
+    """``mmlinvit::`` bases read from a checkout that was not installed (the message says how)."""
+
+
 def mmlinvit_config_root() -> str:
     """Directory that ``mmlinvit::PATH`` bases are read from (``<package>/.mim/configs``).
 
@@ -72,15 +76,15 @@ def mmlinvit_config_root() -> str:
         The directory.
 
     Raises:
-        FileNotFoundError: The package was not installed through ``setup.py`` (e.g. only put on
-            ``PYTHONPATH``), so its configs are not linked / copied into the package.
+        ConfigsNotInstalledError: The package was not installed through ``setup.py`` (e.g. only
+            put on ``PYTHONPATH``), so its configs are not linked / copied into the package.
     """
     package_dir = get_installed_path(config_utils.MODULE2PACKAGE[MMLINVIT_SCOPE])
     mim = osp.join(package_dir, '.mim')
     missing = [p for p in (osp.join(mim, 'configs'), osp.join(mim, 'model-index.yml'))
                if not osp.exists(p)]
     if missing:
-        raise FileNotFoundError(
+        raise ConfigsNotInstalledError(
             f'mmlinvit:: configs are not installed: {missing} missing. They are put there by '
             f"mmlinvit's setup.py: reinstall with `pip install -e <mmlinvit repo>` (editable, "
             f'links the repository configs) or `pip install <mmlinvit repo>` (copies them), '

@@ -23,9 +23,10 @@ from typing import List, Optional
 import mmengine
 from mmengine.dist import is_main_process
 
-from mmlinvit.engine.launch import (OUT_ITEMS, EvaluationFlagError, add_launch_arguments, build_runner,
-                                     finish_distributed, load_config, parse_launch_args,
-                                     prepare_test_config, user_errors)
+from mmlinvit.config_scopes import ConfigsNotInstalledError
+from mmlinvit.engine.launch import (OUT_ITEMS, EvaluationFlagError, add_launch_arguments,
+                                     build_runner, finish_distributed, load_config,
+                                     parse_launch_args, prepare_test_config, user_errors)
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -57,7 +58,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 def main(argv: Optional[List[str]] = None) -> dict:
     """Loads the config, applies the flags, checks inputs and evaluates; returns the metrics."""
     args = parse_args(argv)
-    cfg = load_config(args.config, args.cfg_options)
+    try:
+        cfg = load_config(args.config, args.cfg_options)
+    except ConfigsNotInstalledError as err:
+        raise SystemExit(f'error: {err}') from None
     try:
         prepare_test_config(cfg, args.config, args.checkpoint, work_dir=args.work_dir,
                             show_dir=args.show_dir, show=args.show, wait_time=args.wait_time,

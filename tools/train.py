@@ -15,6 +15,7 @@ import argparse
 import sys
 from typing import List, Optional
 
+from mmlinvit.config_scopes import ConfigsNotInstalledError
 from mmlinvit.engine.launch import (add_launch_arguments, build_runner, finish_distributed,
                                      load_config, parse_launch_args, prepare_train_config,
                                      user_errors)
@@ -48,7 +49,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 def main(argv: Optional[List[str]] = None) -> None:
     """Loads the config, applies the flags, checks inputs and trains."""
     args = parse_args(argv)
-    cfg = load_config(args.config, args.cfg_options)
+    try:
+        cfg = load_config(args.config, args.cfg_options)
+    except ConfigsNotInstalledError as err:
+        raise SystemExit(f'error: {err}') from None
     try:
         prepare_train_config(cfg, args.config, work_dir=args.work_dir, resume=args.resume,
                              amp=args.amp, launcher=args.launcher,

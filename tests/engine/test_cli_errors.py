@@ -38,3 +38,18 @@ def test_a_gpu_launcher_on_a_cpu_machine_is_an_error_line(tmp_path, toy_root, mo
     path = dump(toy_config(toy_root, str(tmp_path / 'wd'), max_iters=1), str(tmp_path / 'c.py'))
     with pytest.raises(SystemExit, match='(?s)^error: .*torchrun and --launcher pytorch'):
         load_tool('train').main([path, '--work-dir', str(tmp_path / 'wd'), '--launcher', 'slurm'])
+
+
+@pytest.mark.parametrize('tool', ['train', 'test'])
+def test_mmlinvit_bases_from_an_uninstalled_checkout_are_an_error_line(tmp_path, monkeypatch,
+                                                                      tool):
+    """A checkout only on PYTHONPATH (no mmlinvit/.mim) refused `mmlinvit::` bases with the
+    right message at the end of a 15-line traceback."""
+    import mmlinvit.config_scopes as config_scopes
+    monkeypatch.setattr(config_scopes, 'get_installed_path', lambda name: str(tmp_path))
+    child = tmp_path / 'child.py'
+    child.write_text("_base_ = ['mmlinvit::demo/upernet_vit-tiny-elu_1xb8-200it_toy-64x64.py']\n")
+    args = [str(child)] + ([str(tmp_path / 'x.pth')] if tool == 'test' else [])
+    with pytest.raises(SystemExit, match=r'^error: mmlinvit:: configs are not installed.*'
+                       r'pip install -e'):
+        load_tool(tool).main(args)
