@@ -15,4 +15,10 @@ model = dict(
     # The frozen DeiT teacher was trained on ImageNet statistics; the batch is normalised
     # with the CIFAR-10 ones (cifar10_bs64.py) for the student and converted for the teacher.
     teacher_input_norm=dict(mean=[123.675, 116.28, 103.53], std=[58.395, 57.12, 57.375]))
+missing_path_hints = {
+    'model.teacher.pretrained':
+    'Download the DeiT-T teacher from '
+    'https://dl.fbaipublicfiles.com/deit/deit_tiny_patch16_224-a1311bcf.pth into checkpoints/ '
+    '(official DeiT layout, detected automatically).',
+}
 auto_scale_lr = dict(base_batch_size=512)

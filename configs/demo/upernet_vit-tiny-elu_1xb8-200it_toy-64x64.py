@@ -8,6 +8,12 @@ model = dict(
         type='mmlinvit.LinearVisionTransformer',
         attn_cfg='elu',
         pretrained='work_dirs/demo/stage2/student_backbone.pth'))
+missing_path_hints = {
+    'model.backbone.pretrained':
+    'The demo\'s Stage-2 student, written by python tools/demo.py (it trains the teacher and '
+    'Stages 1-2 first), or pass --cfg-options model.backbone.pretrained=None to start from a '
+    'random init.',
+}
 max_iters = 200
 optim_wrapper = dict(
     optimizer=dict(lr=2e-3),

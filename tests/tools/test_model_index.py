@@ -122,3 +122,21 @@ def test_adventurer_numbers_are_counted_at_the_configured_chunk(tool):
     meta = entries[ADVENTURER_CONFIG]['Metadata']
     assert (meta['Parameters'], meta['FLOPs']) == (params, flops)
     assert flops == _adventurer_b_flops(224, 224, 256, 1000)
+
+
+def test_every_checkpoint_says_how_to_get_it(tool):
+    """The AdaLA and Copy-MLP teachers (DINOv2-L, DeiT-B / T) had no 'How to get' and the
+    pre-flight stop printed a generic sentence without the download address."""
+    import glob
+
+    import yaml
+    missing = []
+    for path in glob.glob(osp.join(REPO, 'configs', '*', 'metafile.yml')):
+        with open(path) as f:
+            for model in yaml.safe_load(f)['Models']:
+                for ckpt in model['Metadata'].get('Checkpoints') or []:
+                    hint = ckpt.get('How to get', '')
+                    if not hint or (not ckpt['Path'].startswith('work_dirs/')
+                                    and 'https://' not in hint):
+                        missing.append((model['Name'], ckpt['Key']))
+    assert not missing, missing

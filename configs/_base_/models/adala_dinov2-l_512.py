@@ -2,6 +2,16 @@
 # (ELU + 1) student with the same weights.  Stage configs add recorders and losses.
 # Official DINOv2 hub checkpoints load directly (layout detected by mmlinvit.converters).
 dinov2_checkpoint = 'checkpoints/dinov2_vitl14_pretrain.pth'
+dinov2_checkpoint_hint = (
+    'Download dinov2_vitl14_pretrain.pth (the official DINOv2 ViT-L/14 release, used as is: '
+    'its layout is detected) from '
+    'https://dl.fbaipublicfiles.com/dinov2/dinov2_vitl14/dinov2_vitl14_pretrain.pth into '
+    'checkpoints/.')
+# (merged with the stage configs' own hints)
+missing_path_hints = {
+    'model.student.pretrained': dinov2_checkpoint_hint,
+    'model.teacher.pretrained': dinov2_checkpoint_hint,
+}
 model = dict(
     type='mmlinvit.DistillationModel',
     student=dict(

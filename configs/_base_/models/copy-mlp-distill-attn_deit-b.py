@@ -15,6 +15,12 @@
 #   distillation  model.distill_losses                keep, or None for "w/o distill"
 # e.g. --cfg-options model.student.backbone.attn_cfg=relu model.weight_transfer.type=full_copy
 teacher_checkpoint = 'checkpoints/deit_base_patch16_224-b5f2ef4d.pth'
+missing_path_hints = {
+    'model.teacher.pretrained':
+    'Download the DeiT-B teacher from '
+    'https://dl.fbaipublicfiles.com/deit/deit_base_patch16_224-b5f2ef4d.pth into checkpoints/ '
+    '(official DeiT layout, detected automatically).',
+}
 model = dict(
     type='mmlinvit.DistillationModel',
     student=dict(
