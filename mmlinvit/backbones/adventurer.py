@@ -271,7 +271,7 @@ class Adventurer(TokenBackbone):
             ``out_indices`` blocks and the last one's mean patch token, concatenated).
         norm_all_outputs: Apply ``norm_f`` to every returned block, not only the last one.
         frozen_stages: Freeze the embeddings, tokens and the first ``frozen_stages`` blocks
-            (all of them: the final norm too).
+            (all of them: the final norm too); 0 or less freezes nothing (mmpretrain's ViT).
         pretrained: Checkpoint path loaded by :meth:`init_weights`: a backbone file, a
             released model (``head.*`` dropped), a task-model checkpoint (``backbone.*``) or a
             ``mmlinvit.DistillationModel`` checkpoint (``student.*``; its connectors and

@@ -20,7 +20,7 @@ A subclass names its parts with the class attributes below and implements
 """
 import warnings
 import weakref
-from typing import Dict, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -142,9 +142,21 @@ class TokenBackbone(nn.Module):
         return {'mask_token': 'mask token of masked training (this model has '
                               'with_mask_token=False)'}
 
-    # ------------------------------------------------------------------ freezing
+    def surplus_key_warnings(self, dropped: Sequence[str]) -> List[str]:
+        """Warnings about checkpoint keys dropped by :meth:`surplus_checkpoint_keys` that
+        change what this model computes (none here).
+
+        Args:
+            dropped: The dropped keys.
+
+        Returns:
+            One message per problem.
+        """
+        return []
+
+        # ------------------------------------------------------------------ freezing
     def _freeze_stages(self) -> None:
-        if self.frozen_stages < 0:
+        if self.frozen_stages <= 0:  # 0 freezes nothing, as mmpretrain's ViT (not the stem)
             return
         modules = []
         for name in self.STEM:

@@ -44,6 +44,10 @@ def operator_name(attn_cfg: Union[str, dict]) -> str:
     return name[len('mmlinvit.'):] if name.startswith('mmlinvit.') else name
 
 
+#: Canonical keys of the avg_featmap output norm (mmpretrain's ``ln2``).
+AVG_NORM_KEYS = ('avg_norm.weight', 'avg_norm.bias')
+
+
 class VisionTransformer(TokenBackbone):
     """Plain ViT backbone with a pluggable attention operator per layer.
 
@@ -75,6 +79,12 @@ class VisionTransformer(TokenBackbone):
         norm_eps: LayerNorm epsilon.
         pre_norm: LayerNorm before the blocks (CLIP ``ln_pre``).
         final_norm: LayerNorm after the last block.
+        avg_featmap_norm: A LayerNorm on the ``'avg_featmap'`` output (after the mean), as
+            mmpretrain's ``VisionTransformer`` always applies (its ``ln2``, which mmpretrain
+            checkpoints of avg_featmap classifiers (MAE, EVA, ... fine-tuned) carry and which
+            loads here).  False (default): the mean of the patch tokens, as timm / DeiT /
+            DINOv2; a checkpoint's ``ln2`` is then dropped, with a warning for an
+            ``'avg_featmap'`` model (its features are not those the checkpoint's head read).
         patch_bias: Whether the patch projection has a bias.
         qkv_bias: Whether QKV projections have biases.
         drop_rate: Dropout rate.
@@ -89,7 +99,7 @@ class VisionTransformer(TokenBackbone):
         norm_all_outputs: Apply the final norm to every returned block (segmentation on
             DINOv2 features), not only to the last one.
         frozen_stages: Freeze patch embedding, tokens and the first ``frozen_stages`` blocks
-            (all of them: the final norm too).
+            (all of them: the final norm too); 0 or less freezes nothing (mmpretrain's ViT).
         pretrained: Checkpoint path (any layout :mod:`mmlinvit.converters` handles) loaded in
             :meth:`init_weights`.
         checkpoint_layout: Source layout (``'auto'`` detects it).
@@ -144,6 +154,7 @@ class VisionTransformer(TokenBackbone):
                  norm_eps: Optional[float] = None,
                  pre_norm: Optional[bool] = None,
                  final_norm: bool = True,
+                 avg_featmap_norm: bool = False,
                  patch_bias: Optional[bool] = None,
                  qkv_bias: bool = True,
                  drop_rate: float = 0.0,
@@ -181,6 +192,9 @@ class VisionTransformer(TokenBackbone):
         if out_type == 'cls_token' and not with_cls_token:
             raise ValueError("out_type='cls_token' needs with_cls_token=True; use "
                              "'avg_featmap' for models without a class token")
+        if avg_featmap_norm and out_type != 'avg_featmap':
+            raise ValueError(f"avg_featmap_norm=True normalises the 'avg_featmap' output; "
+                             f"out_type is {out_type!r}")
         if pos_embed_type not in ('learned', 'sincos', 'none'):
             raise KeyError(f"Unknown pos_embed_type {pos_embed_type!r}; use 'learned', "
                            f"'sincos' or 'none'")
@@ -261,8 +275,42 @@ class VisionTransformer(TokenBackbone):
         self.register_training_record(MLP_ACT_RECORD, encode_names([self.act]))
         self.norm = (nn.LayerNorm(self.embed_dims, eps=pick(norm_eps, 'norm_eps'))
                      if final_norm else nn.Identity())
+        #: mmpretrain's avg_featmap output norm (``ln2``), or None.
+        self.avg_norm = (nn.LayerNorm(self.embed_dims, eps=pick(norm_eps, 'norm_eps'))
+                         if avg_featmap_norm else None)
 
         self._finish_init(out_indices)
+
+    def format_output(self, tokens: torch.Tensor, hw_shape: Tuple[int, int]) -> torch.Tensor:
+        """Turns (B, N, C) tokens into the configured ``out_type`` (``avg_norm`` applied to
+        ``'avg_featmap'`` outputs when built)."""
+        out = super().format_output(tokens, hw_shape)
+        return out if self.avg_norm is None else self.avg_norm(out)
+
+    def _freeze_stages(self) -> None:
+        super()._freeze_stages()
+        if self.avg_norm is not None and self.frozen_stages >= self.num_layers:
+            self.avg_norm.eval()  # every block frozen: the output norm too, as mmpretrain's
+            self.avg_norm.requires_grad_(False)
+
+    def surplus_checkpoint_keys(self) -> Dict[str, str]:
+        """Also mmpretrain's avg_featmap output norm when this model has none (see
+        ``avg_featmap_norm``)."""
+        keys = super().surplus_checkpoint_keys()
+        if self.avg_norm is None:
+            for key in AVG_NORM_KEYS:
+                keys[key] = ("norm of mmpretrain's avg_featmap output (ln2); this model has "
+                             "avg_featmap_norm=False")
+        return keys
+
+    def surplus_key_warnings(self, dropped: Sequence[str]) -> List[str]:
+        """A dropped avg_featmap output norm changes an ``'avg_featmap'`` model's features."""
+        if self.out_type != 'avg_featmap' or not set(dropped) & set(AVG_NORM_KEYS):
+            return []
+        return ["the checkpoint's avg_featmap output norm (mmpretrain's ln2) is not applied: "
+                "mmpretrain's feature is ln2(mean(patch tokens)), this model's "
+                "mean(patch tokens), so a head trained on the checkpoint reads other "
+                "features. Build the backbone with avg_featmap_norm=True to load and apply it."]
 
     # ------------------------------------------------------------------ construction
     def _per_layer(self, attn_cfg) -> List[Union[str, dict]]:

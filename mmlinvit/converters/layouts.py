@@ -401,7 +401,8 @@ def convert_mmpretrain(state_dict: Mapping[str, torch.Tensor]) -> ConversionResu
     attn.gamma1.weight, ln2, ffn.layers.0.0, ffn.layers.1, ffn.gamma2.weight}`` (or SwiGLU
     ``ffn.w12`` / ``ffn.w3``) -> ``blocks.i.{norm1, attn.qkv, attn.proj, ls1.gamma, norm2,
     mlp.fc1, mlp.fc2, ls2.gamma}``; final ``ln1`` -> ``norm``; ``pre_norm`` kept; the
-    ``avg_featmap`` output norm ``ln2`` is dropped (reported).
+    ``avg_featmap`` output norm ``ln2`` -> ``avg_norm`` (loaded by ``avg_featmap_norm=True``
+    backbones, dropped with a warning by ``'avg_featmap'`` ones without it).
 
     Args:
         state_dict: Flat mmpretrain backbone state dict (``backbone.`` already stripped).
@@ -412,9 +413,8 @@ def convert_mmpretrain(state_dict: Mapping[str, torch.Tensor]) -> ConversionResu
     report = ConversionReport(source_layout='mmpretrain')
     out: StateDict = {}
     for key, value in state_dict.items():
-        if key.startswith('ln2.'):
-            report.drop(key, "norm of mmpretrain's avg_featmap output (not part of the token "
-                        "features)")
+        if key.startswith('ln2.'):  # the avg_featmap output norm (``avg_featmap_norm``)
+            _rename(out, report, key, 'avg_norm.' + key[len('ln2.'):], value)
             continue
         new = key
         if key == 'dist_token' and 'reg_token' not in state_dict:

@@ -481,11 +481,15 @@ def load_pretrained(model: nn.Module,
     check_act = getattr(model, 'check_checkpoint_act', None)
     if check_act is not None:
         check_act(converted, f'{source} (read as layout {report.source_layout!r})')
+    surplus_warnings: List[str] = []
     if isinstance(model, TokenBackbone):
+        dropped = []
         for key, reason in model.surplus_checkpoint_keys().items():
             if key in converted:
                 del converted[key]
                 report.drop(report.prefix + key, reason)
+                dropped.append(key)
+        surplus_warnings = model.surplus_key_warnings(dropped)
     missing, unexpected = check_state_dict_fits(
         model, converted, strict=strict,
         source=f'{source} (read as layout {report.source_layout!r})')
@@ -510,6 +514,8 @@ def load_pretrained(model: nn.Module,
         logger.warning('%s: %d tensor(s) of %s are not in the checkpoint and keep their '
                        'init: %s', source, len(weights_missing), type(model).__name__,
                        '; '.join(report.describe_initialised(weights_missing)))
+    for message in surplus_warnings:
+        logger.warning('%s: %s', source, message)
     if unexpected:
         logger.warning('%s: %d checkpoint tensor(s) have no place in %s and were ignored '
                        '(strict=False): %s', source, len(unexpected), type(model).__name__,

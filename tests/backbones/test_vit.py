@@ -105,6 +105,14 @@ def test_frozen_stages():
     assert not any(p.requires_grad for p in probe.parameters())  # final norm included
     probe.train()
     assert not probe.norm.training
+    # 0 freezes nothing, as mmpretrain's ViT (it froze the patch embedding and tokens)
+    none = VisionTransformer(TINY, family='deit', img_size=32, patch_size=8, frozen_stages=0)
+    assert all(p.requires_grad for p in none.parameters())
+    # mmpretrain's avg_featmap output norm is frozen with every block
+    avg = VisionTransformer(TINY, family='deit', img_size=32, patch_size=8,
+                            frozen_stages=TINY['num_layers'], out_type='avg_featmap',
+                            avg_featmap_norm=True)
+    assert not any(p.requires_grad for p in avg.parameters())
 
 
 def test_arch_zoo_sizes_build_on_meta_device():

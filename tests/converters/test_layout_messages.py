@@ -85,6 +85,43 @@ def test_mmpretrain_deit3_without_class_position_loads():
     assert torch.equal(model.blocks[1].ls2.gamma, ref.layers[1].ffn.gamma2.weight)
 
 
+def test_mmpretrain_avg_featmap_output_norm(caplog):
+    """mmpretrain's avg_featmap feature is ln2(mean(patch tokens)) (MAE / EVA fine-tuned
+    classifiers): ln2 was dropped at INFO and the feature silently differed (0.81 max, logits
+    up to 5 off).  avg_featmap_norm=True loads and applies it; without it, a warning."""
+    import logging
+
+    from mmpretrain.models.backbones import VisionTransformer as MMPretrainViT
+    ref = MMPretrainViT(arch=dict(embed_dims=32, num_layers=2, num_heads=2,
+                                  feedforward_channels=64),
+                        img_size=32, patch_size=8, out_type='avg_featmap', final_norm=False)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.1 + (1.0 if p.ndim == 1 else 0.0))
+    ref.eval()
+    state = {'state_dict': {f'backbone.{k}': v for k, v in ref.state_dict().items()}}
+    x = torch.randn(2, 3, 32, 48)
+    with torch.no_grad():
+        want = ref(x)[-1]
+    model = vit(out_type='avg_featmap', final_norm=False, avg_featmap_norm=True).eval()
+    load_pretrained(model, state)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x)[-1], want, atol=1e-5, rtol=1e-5)
+    plain = vit(out_type='avg_featmap', final_norm=False).eval()
+    with caplog.at_level(logging.WARNING, logger='mmlinvit.converters.loading'):
+        load_pretrained(plain, state)
+    assert any('avg_featmap_norm=True' in r.getMessage() for r in caplog.records)
+    with torch.no_grad():
+        assert (plain(x)[-1] - want).abs().max() > 0.1
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger='mmlinvit.converters.loading'):
+        load_pretrained(vit(out_type='featmap', final_norm=False), state)  # not its output
+    assert not any('avg_featmap_norm' in r.getMessage() for r in caplog.records)
+    with pytest.raises(ValueError, match="avg_featmap_norm=True normalises the 'avg_featmap'"):
+        vit(out_type='featmap', avg_featmap_norm=True)
+
+
 def test_operator_options_missing_from_a_linearized_checkpoint_are_refused(tmp_path):
     """An InLine checkpoint (no operator parameters) into InLine with its local branch: the
     block_operators record says the blocks were linearized, so the local branch's parameters
