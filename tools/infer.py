@@ -15,7 +15,8 @@ The config's ``default_scope`` picks the task:
   Label maps are 8-bit PNGs for models of up to 256 classes and 16-bit PNGs beyond.
 * classification (``mmpretrain``, :class:`mmpretrain.apis.ImageClassificationInferencer`):
   ``DIR/pred/<stem>.json`` with the top-k classes and scores, ``DIR/topk.json`` (all images)
-  and ``DIR/topk.txt`` (one line per image), plus ``DIR/vis/<stem>.png`` with the prediction
+  and ``DIR/topk.txt`` (one line per image: the path, then ``<class> <score>`` per rank,
+  tab-separated), plus ``DIR/vis/<stem>.png`` with the prediction
   drawn on the image.  Files are decoded by the test pipeline's ``LoadImageFromFile`` (e.g.
   EXIF orientation ignored by the ImageNet configs, as in ``tools/test.py``; mmpretrain's
   inferencer alone turns rotated JPEGs).  Configs whose test pipeline takes arrays from the dataset (CIFAR) get
@@ -453,7 +454,9 @@ def run_classification(cfg: Config, checkpoint: str, images: List[str],
             rows.append(row)
     with open(osp.join(args.out_dir, 'topk.txt'), 'w') as f:
         for row in rows:
-            best = ', '.join(f'{t.get("class", t["label"])} {t["score"]:.4f}' for t in row['topk'])
+            # tab-separated: ImageNet class names contain commas
+            best = '\t'.join(f'{t.get("class", t["label"])} {t["score"]:.4f}'
+                              for t in row['topk'])
             f.write(f'{row["image"]}\t{best}\n')
     return rows
 

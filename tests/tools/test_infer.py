@@ -220,7 +220,7 @@ def test_classification_topk_matches_runner(tmp_path, capsys):
     reference = {osp.basename(p): s.pred_score.numpy()
                  for p, s in _runner_predictions(cfg, ckpt, str(tmp_path / 'ref'))}
     lines = (out_dir / 'topk.txt').read_text().splitlines()
-    assert len(lines) == 5
+    assert len(lines) == 5 and all(len(line.split('\t')) == 3 for line in lines)  # path, top 2
     for row in rows:
         name = osp.basename(row['image'])
         scores = reference[name]
