@@ -71,3 +71,46 @@ def test_training_runs_use_it_for_the_default_constructor():
         CFG, constructor='mmlinvit.LayerDecayOptimWrapperConstructor')))
     add_training_safeguards(custom)
     assert custom.optim_wrapper.constructor == 'mmlinvit.LayerDecayOptimWrapperConstructor'
+
+
+def test_param_groups_are_plain_dicts_that_compile():
+    """With a paramwise_cfg the groups were mmengine ConfigDicts: mmengine's compile=True
+    (train_step compiled, optimizer step included) stopped every shipped config at its first
+    step ("'UserDefinedDictVariable' object has no attribute 'items'")."""
+    import torch
+    from mmengine.config import Config
+    from mmengine.optim import build_optim_wrapper
+    from mmlinvit.backbones import VisionTransformer
+
+    class Classifier(nn.Module):
+
+        def __init__(self):
+            super().__init__()
+            self.backbone = VisionTransformer(dict(embed_dims=8, num_layers=1, num_heads=2,
+                                                   mlp_hidden_dims=16), img_size=8,
+                                              patch_size=4, out_type='cls_token')
+            self.head = nn.Linear(8, 1)
+
+        def forward(self, x):
+            return self.head(self.backbone(x)[-1])
+
+    for constructor, paramwise in (
+            ('mmlinvit.FrozenAwareOptimWrapperConstructor', PARAMWISE),
+            ('mmlinvit.LayerDecayOptimWrapperConstructor', dict(layer_decay_rate=0.9))):
+        torch.manual_seed(0)
+        model = Classifier()
+        cfg = Config(dict(o=dict(CFG, constructor=constructor, paramwise_cfg=paramwise))).o
+        wrapper = build_optim_wrapper(model, cfg)
+        groups = wrapper.optimizer.param_groups
+        assert all(type(g) is dict and type(g['params']) is list for g in groups), constructor
+        assert {g['weight_decay'] for g in groups} >= {0.0}
+
+        def step(x):
+            loss = model(x).pow(2).mean()
+            wrapper.update_params(loss)
+            return loss.detach()
+
+        compiled = torch.compile(step, backend='eager')
+        for _ in range(2):
+            assert torch.isfinite(compiled(torch.randn(2, 3, 8, 8)))
+        torch._dynamo.reset()

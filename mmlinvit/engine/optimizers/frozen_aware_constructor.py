@@ -19,6 +19,8 @@ from mmengine.optim import DefaultOptimWrapperConstructor, OptimWrapper
 
 from mmlinvit.registry import OPTIM_WRAPPER_CONSTRUCTORS
 
+from .param_groups import make_param_groups_plain
+
 
 #: mmengine's warning for each parameter with requires_grad=False (``<name> is skipped ...``).
 _SKIPPED = re.compile(r'^(\S+) is skipped since its requires_grad=False$')
@@ -40,7 +42,7 @@ class FrozenAwareOptimWrapperConstructor(DefaultOptimWrapperConstructor):
                               sorted(self._frozen.items()))
             print_log(f'Not optimised (requires_grad=False): {sum(self._frozen.values())} '
                       f'parameter tensors of {parts}', logger='current', level=logging.INFO)
-        return wrapper
+        return make_param_groups_plain(wrapper)
 
     def add_params(self, params: List[dict], module: nn.Module, prefix: str = '',
                    is_dcn_module: Optional[int] = None) -> None:

@@ -17,6 +17,8 @@ from mmengine.optim import DefaultOptimWrapperConstructor
 
 from mmlinvit.registry import OPTIM_WRAPPER_CONSTRUCTORS
 
+from .param_groups import make_param_groups_plain
+
 #: Parameter-name fragments exempt from weight decay (tokens and position embeddings).
 DEFAULT_NO_DECAY_NAMES = ('pos_embed', 'cls_token', 'reg_token', 'mask_token')
 
@@ -169,5 +171,5 @@ class LayerDecayOptimWrapperConstructor(DefaultOptimWrapperConstructor):
         if self.base_lr is None:
             raise KeyError('LayerDecayOptimWrapperConstructor needs optimizer.lr')
         # The parent uses the param-wise path only when paramwise_cfg is non-empty.
-        return super().__call__(model)
+        return make_param_groups_plain(super().__call__(model))
 
