@@ -225,13 +225,37 @@ def _max_label(dataset: dict, scope: Optional[str]) -> Optional[int]:
     return max(labels) if labels else None
 
 
+def _trained_label(value: int, reduce_zero_label: bool) -> int:
+    """A label map value as mmseg's ``LoadAnnotations`` hands it on (``reduce_zero_label``:
+    0 and 255 become 255, every other L becomes L - 1)."""
+    if not reduce_zero_label:
+        return value
+    return 255 if value in (0, 255) else value - 1
+
+
+def _ignored_labels(cfg: Any, loader_name: str) -> set:
+    """The label values mmseg ignores for a loader's data: the heads' ``ignore_index`` (the
+    loss; training data) or the evaluator's (the metric; validation / test data), 255 by
+    default.  mmseg reads no data set ``ignore_index``."""
+    if loader_name == 'train_dataloader':
+        values = {head.get('ignore_index', 255) for where, head in
+                  _heads(cfg.get('model', None)) if '.teacher' not in where}
+    else:
+        evaluator = cfg.get('val_evaluator' if loader_name == 'val_dataloader'
+                            else 'test_evaluator', None) or {}
+        metrics = evaluator if isinstance(evaluator, (list, tuple)) else [evaluator]
+        values = {m.get('ignore_index', 255) for m in metrics if isinstance(m, dict)}
+    return values or {255}
+
+
 def label_range_problems(cfg: Any, mode: str) -> List[str]:
     """Label maps holding labels beyond the segmentation head's classes.
 
-    A label ``>= num_classes`` (after ``reduce_zero_label``; the data set's ``ignore_index``
-    aside) stops training with an out-of-range target, but evaluation drops or misreads it
-    without a word: Cityscapes label ids (0..33) under the train-id name scored 50.0 mIoU
-    where the predictions were half wrong.
+    A label ``>= num_classes`` (after ``reduce_zero_label``) that mmseg does not ignore (the
+    heads' ``ignore_index`` for training data, the evaluator's for validation / test data)
+    stops training with an out-of-range target, but evaluation drops or misreads it without a
+    word: Cityscapes label ids (0..33) under the train-id name scored 50.0 mIoU where the
+    predictions were half wrong.
 
     Args:
         cfg: The config.
@@ -253,10 +277,10 @@ def label_range_problems(cfg: Any, mode: str) -> List[str]:
             if found is None or getattr(found[1], 'label_map', None):
                 continue  # unreadable, or remapped by the data set (a class subset)
             labels, ds = found
-            ignore = getattr(ds, 'ignore_index', 255)
+            ignored = _ignored_labels(cfg, name)
             reduce = bool(getattr(ds, 'reduce_zero_label', False))
-            beyond = sorted(v for v in labels if v != ignore and v != 255
-                            and (v - 1 if reduce else v) >= num_classes)
+            beyond = sorted(v for v in labels if _trained_label(v, reduce) not in ignored
+                            and _trained_label(v, reduce) >= num_classes)
             if not beyond:
                 continue
             kind = _strip_scope(dataset.get('type'))
@@ -265,8 +289,10 @@ def label_range_problems(cfg: Any, mode: str) -> List[str]:
                     'tools/dataset_converters/cityscapes.py (cityscapesscripts) and keep '
                     'seg_map_suffix=\'_gtFine_labelTrainIds.png\''
                     if kind == 'CityscapesDataset' else
-                    f'set the head\'s num_classes to the data\'s class count, or give the data '
-                    f'set its classes and reduce_zero_label (now {reduce})')
+                    f'set the head\'s num_classes to the data\'s class count, give the data set '
+                    f'its classes and reduce_zero_label (now {reduce}), or, for a void label, '
+                    f'set ignore_index on the heads (training) and the evaluator (metric); '
+                    f'now {sorted(ignored)}')
             problems.append(
                 f'{where} ({kind}): its label maps hold label(s) {beyond[:8]} (in '
                 f'{LABEL_SAMPLE} sampled maps{", after reduce_zero_label" if reduce else ""}) '
