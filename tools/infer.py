@@ -49,7 +49,7 @@ from mmengine.runner.checkpoint import _load_checkpoint
 from mmengine.utils import ProgressBar
 from PIL import Image
 
-from mmlinvit.config_scopes import register_config_scopes
+from mmlinvit.config_scopes import ConfigsNotInstalledError, register_config_scopes
 from mmlinvit.engine.checkpoint_coverage import CheckpointCoverageError, check_checkpoint_covers
 from mmlinvit.engine.launch import load_config, world_of
 from mmlinvit.engine.preflight import clear_checkpoints
@@ -205,7 +205,7 @@ def read_files_as_rgb(cfg: Config) -> Optional[str]:
         A note saying what changed, or ``None`` when the test pipeline loads files itself.
     """
     pipeline = cfg.get('test_dataloader', {}).get('dataset', {}).get('pipeline', [])
-    if any(str(t.get('type', '')).split('.')[-1] == 'LoadImageFromFile' for t in pipeline):
+    if any(_is_file_loader(t) for t in pipeline):
         return None
     changed = []
     for name, pre in (('data_preprocessor', cfg.get('data_preprocessor')),
@@ -345,11 +345,21 @@ def run_segmentation(cfg: Config, checkpoint: str, images: List[str], args: argp
     return rows
 
 
+def _is_file_loader(transform: dict) -> bool:
+    """Whether a pipeline entry is ``LoadImageFromFile`` (its type named, with or without a
+    scope, or given as the class, as Python-style configs do)."""
+    from mmcv.transforms import LoadImageFromFile
+    kind = transform.get('type', '')
+    if isinstance(kind, type):
+        return issubclass(kind, LoadImageFromFile)
+    return str(kind).split('.')[-1] == 'LoadImageFromFile'
+
+
 def _test_pipeline_file_loader(cfg: Config) -> dict:
     """The test pipeline's ``LoadImageFromFile`` settings (mmcv's defaults without one)."""
     pipeline = cfg.get('test_dataloader', {}).get('dataset', {}).get('pipeline', [])
     for transform in pipeline:
-        if str(transform.get('type', '')).split('.')[-1] == 'LoadImageFromFile':
+        if _is_file_loader(transform):
             return dict(transform)
     return dict(type='LoadImageFromFile')
 
@@ -415,7 +425,9 @@ def classification_inferencer(cfg: Config, checkpoint: str, device: Optional[str
                 if show_dir is not None:
                     os.makedirs(show_dir, exist_ok=True)
                     out_file = osp.join(show_dir, f'{name}.png')
-                pixels = read(image)[..., ::-1] if is_file else image  # files: BGR -> RGB
+                pixels = read(image) if is_file else image
+                if is_file and pixels.ndim == 3:
+                    pixels = pixels[..., ::-1]  # files load BGR; grayscale stays as it is
                 self.visualizer.visualize_cls(
                     pixels, sample, classes=self.classes, resize=resize, show=show,
                     wait_time=wait_time, rescale_factor=rescale_factor, draw_gt=False,
@@ -468,7 +480,10 @@ def main(argv: Optional[List[str]] = None) -> List[Dict[str, Any]]:
     if not osp.isfile(args.checkpoint):
         raise SystemExit(f'error: checkpoint {args.checkpoint!r} does not exist')
     images = collect_images(args.inputs, args.recursive)
-    cfg = load_config(args.config, args.cfg_options)
+    try:
+        cfg = load_config(args.config, args.cfg_options)
+    except ConfigsNotInstalledError as err:
+        raise SystemExit(f'error: {err}') from None
     world = world_of(cfg)
     os.makedirs(args.out_dir, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp_dir:

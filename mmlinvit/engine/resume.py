@@ -330,10 +330,14 @@ def _has_ema_hook(cfg: Any) -> bool:
     """Whether ``custom_hooks`` holds mmengine's ``EMAHook`` (or a subclass)."""
     from mmengine.hooks import EMAHook
     from mmengine.registry import HOOKS
+    scope = cfg.get('default_scope', None)
     for hook in cfg.get('custom_hooks', None) or []:
         kind = hook.get('type') if hasattr(hook, 'get') else None
         if isinstance(kind, str):
-            kind = HOOKS.get(kind)
+            # a name without a scope is looked up in the config's default scope first, as
+            # the runner builds it (a subclass registered in mmseg / mmpretrain / a project)
+            names = [f'{scope}.{kind}', kind] if scope and '.' not in kind else [kind]
+            kind = next((found for found in map(HOOKS.get, names) if found is not None), None)
         if isinstance(kind, type) and issubclass(kind, EMAHook):
             return True
     return False

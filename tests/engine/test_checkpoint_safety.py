@@ -46,8 +46,8 @@ def test_kill_while_saving_keeps_the_previous_checkpoint(tmp_path, toy_root, mon
     assert sorted(os.listdir(work_dir)).count('iter_4.pth') == 1
     assert not osp.exists(osp.join(work_dir, 'iter_8.pth'))
     # what a SIGKILL leaves (no clean-up ran): a partial file beside the intact one
-    # (and one of a step the resumed run does not save again)
-    for name in ('iter_8.pth.part', 'iter_12.pth.part'):
+    # (and one of a step the resumed run does not save again; a user's .part file stays)
+    for name in ('iter_8.pth.part', 'iter_12.pth.part', 'notes.part'):
         with open(osp.join(work_dir, name), 'wb') as f:
             f.write(b'PK\x03\x04 half')
     resumed = train_in_process(cfg, tmp_path, 'resumed', work_dir, '--resume')
@@ -55,7 +55,7 @@ def test_kill_while_saving_keeps_the_previous_checkpoint(tmp_path, toy_root, mon
     assert all(resumed[it]['loss'] == full[it]['loss'] for it in resumed)
     # rotation after the write: only the newest is kept; the killed writes are removed
     assert sorted(p for p in os.listdir(work_dir) if p.endswith('.pth')) == ['iter_8.pth']
-    assert not [p for p in os.listdir(work_dir) if p.endswith('.part')]
+    assert [p for p in os.listdir(work_dir) if p.endswith('.part')] == ['notes.part']
 
 
 def test_resume_ignores_an_earlier_runs_checkpoints(tmp_path, toy_root):
@@ -165,3 +165,14 @@ def test_resume_without_the_runs_ema_hook_is_warned(tmp_path):
     assert any('EMAHook removed' in m and 'keep the EMAHook' in m for m in warned)
     kept = Config(dict(custom_hooks=[dict(type='EMAHook', momentum=2e-4)]))
     assert warn_changed_resume_config(kept, ckpt) == []
+    # a subclass registered in a downstream scope, named without the scope
+    from mmengine.hooks import EMAHook
+    from mmseg.registry import HOOKS as MMSEG_HOOKS
+
+    @MMSEG_HOOKS.register_module(force=True)
+    class ProjectEMAHook(EMAHook):
+        pass
+
+    scoped = Config(dict(default_scope='mmseg',
+                         custom_hooks=[dict(type='ProjectEMAHook', momentum=2e-4)]))
+    assert warn_changed_resume_config(scoped, ckpt) == []

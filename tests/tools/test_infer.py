@@ -384,3 +384,17 @@ def test_segmentation_checkpoint_classes_without_palette(demo_student, tmp_path)
     infer._save_label_map(label, path, num_classes=300)
     wide = Image.open(path)
     assert wide.mode.startswith('I;16') and np.array_equal(np.array(wide), label)
+
+
+def test_file_loader_given_as_a_class_keeps_its_decoding():
+    """A Python-style config names the loader by its class: it was not recognised and mmcv's
+    defaults (EXIF applied) replaced color_type='color_ignore_orientation'."""
+    from mmcv.transforms import LoadImageFromFile
+    from mmengine.config import Config
+    infer = _load_tool('infer')
+    cfg = Config(dict(test_dataloader=dict(dataset=dict(pipeline=[
+        dict(type=LoadImageFromFile, color_type='color_ignore_orientation'),
+        dict(type='PackInputs')]))))
+    loader = infer._test_pipeline_file_loader(cfg)
+    assert loader['color_type'] == 'color_ignore_orientation'
+    assert infer.read_files_as_rgb(cfg) is None  # files are loaded by the pipeline itself

@@ -33,6 +33,8 @@ from mmlinvit.registry import HOOKS
 
 #: Suffix of a checkpoint being written (not matched by ``*.pth`` globs).
 PART_SUFFIX = '.part'
+#: What this hook's unfinished writes end with (other ``.part`` files are not its own).
+CHECKPOINT_PART_SUFFIX = '.pth' + PART_SUFFIX
 
 
 @HOOKS.register_module()
@@ -48,12 +50,13 @@ class AtomicCheckpointHook(CheckpointHook):
         self._warn_mid_epoch_resume(runner)
 
     def _remove_stale_parts(self) -> None:
-        """Removes the ``*.part`` files of this hook's ``out_dir`` (writes a killed run left)."""
+        """Removes the ``*.pth.part`` files of this hook's ``out_dir`` (writes a killed run
+        left; other ``.part`` files, e.g. a partial download, are not touched)."""
         if not isinstance(self.file_backend, LocalBackend) or not is_main_process() \
                 or not osp.isdir(self.out_dir):
             return
         stale = sorted(name for name in os.listdir(self.out_dir)
-                       if name.endswith(PART_SUFFIX)
+                       if name.endswith(CHECKPOINT_PART_SUFFIX)
                        and osp.isfile(osp.join(self.out_dir, name)))
         for name in stale:
             os.remove(osp.join(self.out_dir, name))

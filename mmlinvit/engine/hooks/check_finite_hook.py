@@ -8,7 +8,7 @@ import math
 from typing import Any, Dict, List, Optional
 
 import torch
-from mmengine.hooks import EMAHook, Hook
+from mmengine.hooks import Hook
 from mmengine.model import is_model_wrapper
 from mmengine.optim import AmpOptimWrapper, OptimWrapperDict
 
@@ -16,6 +16,7 @@ from mmlinvit.registry import HOOKS
 
 from ..resume import last_checkpoint_target
 from .checkpoint_schedule import checkpoint_due
+from .ema_models import ema_modules
 
 #: Message-hub keys where mmengine's optimizer wrappers log the gradient norm / max value.
 GRAD_KEYS = ('train/grad_norm', 'train/grad_value')
@@ -263,10 +264,8 @@ class CheckFiniteHook(Hook):
         """
         bad = non_finite_tensors(checkpoint.get('state_dict', {}))
         bad += non_finite_tensors(checkpoint.get('ema_state_dict', {}))
-        for hook in runner.hooks:
-            if isinstance(hook, EMAHook) and hasattr(hook, 'ema_model'):
-                bad += [f'{name} (EMA)' for name in
-                        non_finite_tensors(hook.ema_model.module.state_dict())]
+        for module in ema_modules(runner):
+            bad += [f'{name} (EMA)' for name in non_finite_tensors(module.state_dict())]
         if bad:
             meta = checkpoint.get('meta', {})
             self._fail(runner, f'Non-finite weights in the checkpoint being saved '

@@ -21,13 +21,14 @@ from typing import List
 
 import torch
 from mmengine.dist import all_reduce_params, is_distributed
-from mmengine.hooks import EMAHook, Hook
+from mmengine.hooks import Hook
 from mmengine.model import is_model_wrapper
 from torch.nn.modules.batchnorm import SyncBatchNorm, _BatchNorm
 
 from mmlinvit.registry import HOOKS
 
 from .checkpoint_schedule import checkpoint_due
+from .ema_models import ema_modules
 
 
 @HOOKS.register_module()
@@ -44,8 +45,7 @@ class SyncNormStatsHook(Hook):
         if not is_distributed():
             return
         models = [runner.model.module if is_model_wrapper(runner.model) else runner.model]
-        models += [hook.ema_model.module for hook in runner.hooks
-                   if isinstance(hook, EMAHook) and hasattr(hook, 'ema_model')]
+        models += ema_modules(runner)
         for model in models:
             for module in model.modules():
                 if isinstance(module, _BatchNorm) and not isinstance(module, SyncBatchNorm):
