@@ -51,5 +51,6 @@ def test_config_scopes_module_as_the_first_import(tmp_path):
     proc = _run(tmp_path, code)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert 'OK VisionTransformer mmlinvit.LinearVisionTransformer' in proc.stdout
-    again = _run(tmp_path, 'import mmlinvit.config_scopes as s\nprint(sorted(s.register_config_scopes()))')
+    again = _run(tmp_path, 'import mmlinvit.config_scopes as s\n'
+                           'print(sorted(s.register_config_scopes()))')
     assert again.returncode == 0 and "'mmlinvit'" in again.stdout, again.stderr[-3000:]

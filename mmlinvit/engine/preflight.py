@@ -426,8 +426,8 @@ def check_inputs(cfg: Any, mode: str = 'train', checkpoint: Optional[str] = None
             (:mod:`.pad_size_check`).
         ConfigConsistencyError: parts of an inherited config that disagree (head classes vs
             data set classes, ``save_best`` vs the metric, label maps beyond the head's classes
-            (also in test mode); :mod:`.config_consistency`, which also logs warnings).  ``check_config_consistency = False`` in the config skips
-            it.
+            (also in test mode); :mod:`.config_consistency`, which also logs warnings).
+            ``check_config_consistency = False`` in the config skips it.
     """
     counts: List[str] = []
     problems = find_missing_inputs(cfg, mode=mode, checkpoint=checkpoint, counts=counts)

@@ -12,10 +12,11 @@ the previous best) are removed only after the new file is in place.  A failed wr
 its ``.part`` file and leaves the earlier checkpoints as they were.  ``tools/train.py`` uses it
 in place of mmengine's ``CheckpointHook`` (same arguments; see :mod:`mmlinvit.engine.launch`).
 
-At the start of training it removes the ``.part`` files an earlier run of the work dir left
-when it was killed (SIGKILL) while writing, naming them.  On resume it also says when the training loop cannot continue where the checkpoint was
-taken: an epoch-based loop resumed from a checkpoint taken inside an epoch
-(``by_epoch=False``) restarts that epoch from its first batch.
+At the start of training it removes the ``*.pth.part`` files an earlier run of the work dir
+left when it was killed (SIGKILL) while writing, naming them.  On resume it also says when
+the training loop cannot continue where the checkpoint was taken: an epoch-based loop resumed
+from a checkpoint taken inside an epoch (``by_epoch=False``) restarts that epoch from its
+first batch.
 """
 import contextlib
 import logging
