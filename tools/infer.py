@@ -16,10 +16,10 @@ The config's ``default_scope`` picks the task:
 * classification (``mmpretrain``, :class:`mmpretrain.apis.ImageClassificationInferencer`):
   ``DIR/pred/<stem>.json`` with the top-k classes and scores, ``DIR/topk.json`` (all images)
   and ``DIR/topk.txt`` (one line per image: the path, then ``<class> <score>`` per rank,
-  tab-separated), plus ``DIR/vis/<stem>.png`` with the prediction
-  drawn on the image.  Files are decoded by the test pipeline's ``LoadImageFromFile`` (e.g.
-  EXIF orientation ignored by the ImageNet configs, as in ``tools/test.py``; mmpretrain's
-  inferencer alone turns rotated JPEGs).  Configs whose test pipeline takes arrays from the dataset (CIFAR) get
+  tab-separated), plus ``DIR/vis/<stem>.png`` with the prediction drawn on the image.  Files
+  are decoded by the test pipeline's ``LoadImageFromFile`` (e.g. EXIF orientation ignored by
+  the ImageNet configs, as in ``tools/test.py``; mmpretrain's inferencer alone turns rotated
+  JPEGs).  Configs whose test pipeline takes arrays from the dataset (CIFAR) get
   ``to_rgb=True``, since files are read as BGR (:func:`read_files_as_rgb`).
 
 A directory argument contributes its image files (``--recursive`` descends into
