@@ -75,12 +75,24 @@ def test_segmentation_config_and_shape_override():
         tool.main(['--shape', '128'])  # --shape needs a CONFIG
 
 
-def test_mhla_config_on_the_default_meta_device_counts_on_cpu(capsys):
-    """MHLA's block bookkeeping needs tensor values: the default --device meta stopped with
-    "Tensor.item() cannot be called on meta tensors"; it now counts with a real forward."""
-    row = _tool().main([osp.join(REPO, 'configs/copy_mlp_distill_attn/'
-                              'copy-mlp-distill-attn_deit-t-mhla_8xb64-300e_cifar10-224x224.py')])
-    assert row['device'] == 'cpu' and row['flops'] > 0 and row['input'] == (224, 224)
-    captured = capsys.readouterr()
-    assert 'counting with a real forward on CPU' in captured.err
-    assert 'device cpu' in captured.out
+def test_mhla_config_counts_on_the_default_meta_device(capsys):
+    """MHLA's block bookkeeping needed tensor values ("Tensor.item() cannot be called on meta
+    tensors"); its block indices now come from the grid sizes, so the default --device meta
+    counts it, equal to a real forward on CPU."""
+    config = osp.join(REPO, 'configs/copy_mlp_distill_attn/'
+                      'copy-mlp-distill-attn_deit-t-mhla_8xb64-300e_cifar10-224x224.py')
+    row = _tool().main([config])
+    assert row['device'] == 'meta' and row['flops'] > 0 and row['input'] == (224, 224)
+    assert 'real forward' not in capsys.readouterr().err
+    assert _tool().main([config, '--device', 'cpu'])['flops'] == row['flops']
+
+
+def test_value_dependent_shapes_are_counted_on_cpu(capsys):
+    """A model that reads tensor values cannot run on meta tensors: counted on CPU, noted."""
+    def count(device):
+        if device == 'meta':
+            raise RuntimeError('Tensor.item() cannot be called on meta tensors')
+        return device
+
+    assert _tool().on_meta_or_cpu(count, 'meta', 'x') == ('cpu', 'cpu')
+    assert 'counting with a real forward on CPU' in capsys.readouterr().err
