@@ -120,12 +120,11 @@ def token_block_index(hw_shape: Tuple[int, int], block_grid: Tuple[int, int],
 def _block_spans(n: int, g: int) -> List[Tuple[int, int]]:
     """[start, stop) of each of ``g`` blocks over ``n`` positions, as :func:`patch_block_index`
     assigns them (position y to block ``min((y * g + g - 1) // n, g - 1)``)."""
-    owner = [min((y * g + g - 1) // n, g - 1) for y in range(n)]
-    spans = []
-    for block in range(g):
-        members = [y for y in range(n) if owner[y] == block]
-        spans.append((members[0], members[-1] + 1) if members else (0, 0))
-    return spans
+    start, stop = [n] * g, [0] * g
+    for y in range(n):  # owners are non-decreasing in y: each block is one run
+        block = min((y * g + g - 1) // n, g - 1)
+        start[block], stop[block] = min(start[block], y), y + 1
+    return [(a, b) if b > a else (0, 0) for a, b in zip(start, stop)]
 
 
 def block_token_indices(hw_shape: Tuple[int, int], block_grid: Tuple[int, int],
