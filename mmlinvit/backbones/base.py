@@ -154,7 +154,7 @@ class TokenBackbone(nn.Module):
         """
         return []
 
-        # ------------------------------------------------------------------ freezing
+    # ------------------------------------------------------------------ freezing
     def _freeze_stages(self) -> None:
         if self.frozen_stages <= 0:  # 0 freezes nothing, as mmpretrain's ViT (not the stem)
             return

@@ -379,14 +379,15 @@ def prepare_test_config(cfg: Config,
     world = world_of(cfg)
     if out_item is not None:
         if world.scope != 'mmpretrain':
-            raise EvaluationFlagError(f'--out-item is mmpretrain\'s flag (classification configs); '
-                                f'this is a {world.task} config, whose --out DIR saves the raw '
-                                f'predictions (drop --out-item)')
+            raise EvaluationFlagError(
+                f'--out-item is mmpretrain\'s flag (classification configs); this is a '
+                f'{world.task} config, whose --out DIR saves the raw predictions (drop '
+                f'--out-item)')
         if out_item not in OUT_ITEMS:
             raise EvaluationFlagError(f'--out-item {out_item!r}: use one of {list(OUT_ITEMS)}')
         if out is None:
-            raise EvaluationFlagError('--out-item needs --out FILE (where the predictions or the '
-                                'metrics are dumped)')
+            raise EvaluationFlagError('--out-item needs --out FILE (where the predictions or '
+                                      'the metrics are dumped)')
     if tta:
         enable_tta(cfg)
     _set_launcher_and_work_dir(cfg, config_path, work_dir, launcher)

@@ -21,7 +21,7 @@ import inspect
 import json
 import logging
 import os
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -138,22 +138,10 @@ def load_weights(module: nn.Module, path: str, where: str,
 RANDOM_TEACHER_NOTE = 'The teacher has no checkpoint'
 
 
-@contextlib.contextmanager
-def _without_random_teacher_warning(active: bool) -> Iterator[None]:
-    """Drops the teacher's "keeps its random initialisation" warning while the model is built
-    (its checkpoint paths are cleared: the export's CHECKPOINT supplies the weights)."""
-    if not active:
-        yield
-        return
-    from mmengine.logging import MMLogger
-    logger = MMLogger.get_current_instance()
-    note = logging.Filter()
-    note.filter = lambda record: not record.getMessage().startswith(RANDOM_TEACHER_NOTE)
-    logger.addFilter(note)
-    try:
-        yield
-    finally:
-        logger.removeFilter(note)
+def _not_random_teacher_note(record: logging.LogRecord) -> bool:
+    """Drops the teacher's "keeps its random initialisation" note (the export's CHECKPOINT
+    supplies the weights; the config's checkpoint paths are cleared)."""
+    return not record.getMessage().startswith(RANDOM_TEACHER_NOTE)
 
 
 def build_export_module(config: str,
@@ -186,6 +174,7 @@ def build_export_module(config: str,
     from mmengine.registry import MODELS, init_default_scope
 
     from mmlinvit.engine.launch import adapt_to_device, load_config
+    from mmlinvit.engine.log_filtering import current_logger_filter
     from mmlinvit.engine.preflight import clear_checkpoints
     from mmlinvit.models.distill import DistillationModel
     if part not in PARTS:
@@ -198,7 +187,8 @@ def build_export_module(config: str,
     if cfg.get('data_preprocessor') is not None:  # as mmengine's Runner merges it
         cfg.model.setdefault('data_preprocessor', cfg.data_preprocessor)
     adapt_to_device(cfg)
-    with _without_random_teacher_warning(checkpoint is not None):
+    with (current_logger_filter(_not_random_teacher_note) if checkpoint is not None
+          else contextlib.nullcontext()):
         model = MODELS.build(cfg.model)
     if isinstance(model, DistillationModel):
         if which == 'teacher' and model.teacher is None:

@@ -263,9 +263,11 @@ class CheckFiniteHook(Hook):
         ``state_dict`` after this hook, at its lower priority) are checked too.
         """
         bad = non_finite_tensors(checkpoint.get('state_dict', {}))
-        bad += non_finite_tensors(checkpoint.get('ema_state_dict', {}))
-        for module in ema_modules(runner):
-            bad += [f'{name} (EMA)' for name in non_finite_tensors(module.state_dict())]
+        if 'ema_state_dict' in checkpoint:  # EMAHook ran first: state_dict is the averaged
+            bad += non_finite_tensors(checkpoint['ema_state_dict'])
+        else:  # an EMAHook puts its averaged weights in after this hook: check them here
+            for module in ema_modules(runner):
+                bad += [f'{name} (EMA)' for name in non_finite_tensors(module.state_dict())]
         if bad:
             meta = checkpoint.get('meta', {})
             self._fail(runner, f'Non-finite weights in the checkpoint being saved '

@@ -14,11 +14,12 @@ from collections import Counter
 from typing import List, Optional
 
 import torch.nn as nn
-from mmengine.logging import MMLogger, print_log
+from mmengine.logging import print_log
 from mmengine.optim import DefaultOptimWrapperConstructor, OptimWrapper
 
 from mmlinvit.registry import OPTIM_WRAPPER_CONSTRUCTORS
 
+from ..log_filtering import current_logger_filter
 from .param_groups import make_param_groups_plain
 
 
@@ -36,7 +37,8 @@ class FrozenAwareOptimWrapperConstructor(DefaultOptimWrapperConstructor):
 
     def __call__(self, model: nn.Module) -> OptimWrapper:
         self._frozen: Counter = Counter()
-        wrapper = super().__call__(model)
+        with current_logger_filter(self._count_if_skipped):
+            wrapper = super().__call__(model)
         if self._frozen:
             parts = ', '.join(f'{prefix} ({count})' for prefix, count in
                               sorted(self._frozen.items()))
@@ -44,29 +46,24 @@ class FrozenAwareOptimWrapperConstructor(DefaultOptimWrapperConstructor):
                       f'parameter tensors of {parts}', logger='current', level=logging.INFO)
         return make_param_groups_plain(wrapper)
 
+    def _count_if_skipped(self, record: logging.LogRecord) -> bool:
+        """Counts mmengine's per-parameter "is skipped" warning instead of showing it (the
+        frozen parameters of partly frozen modules); other records pass."""
+        found = _SKIPPED.match(record.getMessage())
+        if found is None:
+            return True
+        self._frozen[_collapse_indices(found.group(1).lstrip('.'))] += 1
+        return False
+
     def add_params(self, params: List[dict], module: nn.Module, prefix: str = '',
                    is_dcn_module: Optional[int] = None) -> None:
         own = list(module.parameters())
         if own and not any(p.requires_grad for p in own):
-            # blocks.0.mlp, blocks.1.mlp, ... -> blocks.*.mlp
-            self._frozen[re.sub(r'\.\d+(?=\.|$)', '.*', prefix) or '<model>'] += len(own)
+            self._frozen[_collapse_indices(prefix) or '<model>'] += len(own)
             return
-        frozen = self._frozen
+        super().add_params(params, module, prefix=prefix, is_dcn_module=is_dcn_module)
 
-        class CountFrozen(logging.Filter):
-            """Counts mmengine's per-parameter "is skipped" warnings instead of showing them."""
 
-            def filter(self, record: logging.LogRecord) -> bool:
-                found = _SKIPPED.match(record.getMessage())
-                if found is None:
-                    return True
-                frozen[re.sub(r'\.\d+(?=\.|$)', '.*', found.group(1).lstrip('.'))] += 1
-                return False
-
-        logger = MMLogger.get_current_instance()
-        note = CountFrozen()
-        logger.addFilter(note)
-        try:
-            super().add_params(params, module, prefix=prefix, is_dcn_module=is_dcn_module)
-        finally:
-            logger.removeFilter(note)
+def _collapse_indices(name: str) -> str:
+    """``blocks.0.mlp``, ``blocks.1.mlp``, ... -> ``blocks.*.mlp``."""
+    return re.sub(r'\.\d+(?=\.|$)', '.*', name)
