@@ -7,13 +7,16 @@ iterations, not optimizer steps, and would silently train something else:
 * ``auto_scale_lr`` scales the lr by ``world_size x batch_size / base_batch_size`` (k left
   out; mmengine PR #1080 is still open): the lr is k times too low.  Here the base batch is
   divided by k, so the ratio is that of the effective batch (as the official Adventurer and
-  DeiT code compute it), and the log says so.
+  DeiT code compute it), and the log says so.  The recipe's base is kept in the config
+  (``recipe_base_batch_size``), so the config mmengine saves in the work dir scales right when
+  it is run again with another k.
 * ``EMAHook`` updates after every iteration: k updates per optimizer step, a horizon k times
   shorter than the configured momentum says.  Between two steps the weights do not change, so
   k updates with momentum ``1 - (1 - m)^(1/k)`` equal one with ``m``: the warning gives that.
 * a checkpoint written inside an accumulation window loses the gradients accumulated so far
   on ``--resume`` (mmengine warns only then): warned at the start when the checkpoint
-  interval (in iterations) is not a multiple of k.
+  interval (in iterations) is not a multiple of k, and (``AtomicCheckpointHook``) when epoch
+  checkpoints are taken and the iterations per epoch are not a multiple of k.
 * iteration-based runs: ``max_iters``, the schedulers' ``begin`` / ``end`` and the intervals
   count iterations, so a recipe accumulated over k iterations makes k times fewer optimizer
   steps (160k iterations at k = 8: 20k steps, the warm-up over in 187): warned, with the
@@ -73,16 +76,9 @@ def adapt_to_accumulation(cfg: Config) -> Config:
         The same config.
     """
     counts = accumulative_counts(cfg)
+    _scale_base_batch(cfg, counts)
     if counts <= 1:
         return cfg
-    scale = cfg.get('auto_scale_lr', None)
-    if scale and scale.get('enable', False) and not scale.get('_accumulation_applied', False):
-        base = scale['base_batch_size']
-        scale['base_batch_size'] = base / counts
-        scale['_accumulation_applied'] = True
-        print_log(f'auto_scale_lr: effective batch = world_size x batch_size x '
-                  f'accumulative_counts ({counts}); the lr is scaled against base_batch_size '
-                  f'{base} through {base} / {counts}', logger='current')
     for hook in _ema_hooks(cfg):
         momentum = float(hook.get('momentum', EMA_DEFAULT_MOMENTUM))
         print_log(
@@ -109,6 +105,53 @@ def adapt_to_accumulation(cfg: Config) -> Config:
                   f'a checkpoint interval that is a multiple of {counts}.', logger='current',
                   level=logging.WARNING)
     return cfg
+
+
+#: Where ``auto_scale_lr`` keeps the recipe's base batch once it is divided by k (a config
+#: mmengine saves in the work dir and a user reruns must scale against the recipe again).
+RECIPE_BASE_KEY = 'recipe_base_batch_size'
+
+
+def _scale_base_batch(cfg: Config, counts: int) -> None:
+    """Sets ``auto_scale_lr.base_batch_size`` to the recipe's base batch / ``counts``.
+
+    The recipe's base is kept beside it (:data:`RECIPE_BASE_KEY`), so that a config saved by
+    an earlier run (already divided by its k) and run again with another k (1 included) is
+    scaled against the recipe, not against the earlier run's quotient.  A ``base_batch_size``
+    changed by hand since (it no longer equals recipe / k of that run) is the new recipe.
+    """
+    scale = cfg.get('auto_scale_lr', None)
+    if not scale or not scale.get('enable', False):
+        return
+    base = scale['base_batch_size']
+    recipe = scale.get(RECIPE_BASE_KEY, None)
+    applied = scale.get('_accumulation_applied', None)
+    if recipe is not None and isinstance(applied, (int, float)) and not isinstance(
+            applied, bool) and base == recipe / applied:
+        base = recipe
+    elif applied is True:  # saved by an earlier mmlinvit: the recipe's base is not known
+        print_log(f'auto_scale_lr.base_batch_size={base} was divided by the accumulative_counts '
+                  f'of the run that saved this config; it is used as it is (right only when '
+                  f'that run\'s accumulative_counts equals this one, {counts}). Set '
+                  f'auto_scale_lr.base_batch_size to the recipe\'s batch and drop '
+                  f'auto_scale_lr._accumulation_applied to scale against the recipe.',
+                  logger='current', level=logging.WARNING)
+        return
+    if counts <= 1:
+        if base != scale['base_batch_size']:
+            print_log(f'auto_scale_lr: base_batch_size {scale["base_batch_size"]} of the '
+                      f'earlier run (accumulative_counts={applied}) restored to the '
+                      f'recipe\'s {base} (accumulative_counts=1)', logger='current')
+        scale['base_batch_size'] = base
+        scale.pop(RECIPE_BASE_KEY, None)
+        scale.pop('_accumulation_applied', None)
+        return
+    scale['base_batch_size'] = base / counts
+    scale[RECIPE_BASE_KEY] = base
+    scale['_accumulation_applied'] = counts
+    print_log(f'auto_scale_lr: effective batch = world_size x batch_size x '
+              f'accumulative_counts ({counts}); the lr is scaled against base_batch_size '
+              f'{base} through {base} / {counts}', logger='current')
 
 
 def _iteration_checkpoint_interval(cfg: Config) -> Optional[int]:

@@ -11,7 +11,8 @@ from mmengine.model import ExponentialMovingAverage
 from mmlinvit.engine.accumulation import adapt_to_accumulation, ema_momentum_per_iteration
 from mmlinvit.engine.launch import build_runner
 
-from train_testing import captured_log, dump, load_tool, make_toy_scenes, toy_config
+from train_testing import (captured_log, dump, load_tool, make_image_folder, make_toy_scenes,
+                           toy_cls_config, toy_config, train_in_process)
 
 pytestmark = pytest.mark.usefixtures('one_thread')
 
@@ -48,6 +49,42 @@ def test_accumulation_is_applied_once(tmp_path, toy_root):
     cfg.auto_scale_lr = dict(enable=True, base_batch_size=64)
     adapt_to_accumulation(adapt_to_accumulation(cfg))
     assert cfg.auto_scale_lr.base_batch_size == 16
+
+
+@pytest.mark.parametrize('counts,expected_base', [(1, 64), (4, 16), (8, 8)])
+def test_a_saved_config_rerun_with_another_k_scales_against_the_recipe(tmp_path, toy_root,
+                                                                     counts, expected_base):
+    """mmengine saves the prepared config in the work dir; run again with another k, it was
+    scaled against the first run's base / 8 (k=1: lr 8x too high, k=4: 2x)."""
+    from mmengine.config import Config
+    cfg = toy_config(toy_root, str(tmp_path / 'wd'))
+    cfg.optim_wrapper.accumulative_counts = 8
+    cfg.auto_scale_lr = dict(enable=True, base_batch_size=64)
+    adapt_to_accumulation(cfg)
+    saved = Config.fromfile(dump(cfg, str(tmp_path / 'saved.py')))
+    saved.optim_wrapper.accumulative_counts = counts
+    adapt_to_accumulation(saved)
+    assert saved.auto_scale_lr.base_batch_size == expected_base
+    # a base batch edited by hand in the saved config is the new recipe
+    saved.auto_scale_lr.base_batch_size = 32
+    saved.optim_wrapper.accumulative_counts = 2
+    adapt_to_accumulation(saved)
+    assert saved.auto_scale_lr.base_batch_size == 16
+
+
+def test_epoch_checkpoints_inside_accumulation_windows_are_warned(tmp_path, capfd):
+    """4 iterations per epoch: k = 3 leaves a window open at each epoch checkpoint (its
+    gradients are lost on --resume); k = 2 closes one at each epoch end."""
+    data = make_image_folder(str(tmp_path / 'data'))
+    for counts in (3, 2):
+        cfg = toy_cls_config(data, 'unused', max_epochs=1)
+        cfg.optim_wrapper.accumulative_counts = counts
+        capfd.readouterr()
+        train_in_process(cfg, tmp_path, f'k{counts}', str(tmp_path / f'wd{counts}'))
+        output = ' '.join(''.join(capfd.readouterr()).split())
+        warned = ('Epoch checkpoints with accumulative_counts=3 and 4 iterations per epoch fall '
+                  'inside accumulation windows') in output
+        assert warned == (counts == 3), output[-2000:]
 
 
 def test_ema_and_mid_window_checkpoints_are_warned_with_the_fix(tmp_path, toy_root,

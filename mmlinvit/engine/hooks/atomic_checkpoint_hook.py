@@ -28,6 +28,7 @@ from mmengine.dist import is_main_process
 from mmengine.fileio import LocalBackend
 from mmengine.hooks import CheckpointHook
 from mmengine.logging import print_log
+from mmengine.optim import OptimWrapperDict
 from mmengine.runner import EpochBasedTrainLoop
 
 from mmlinvit.registry import HOOKS
@@ -49,6 +50,7 @@ class AtomicCheckpointHook(CheckpointHook):
         super().before_train(runner)
         self._remove_stale_parts()
         self._warn_mid_epoch_resume(runner)
+        self._warn_epoch_checkpoints_inside_windows(runner)
 
     def _remove_stale_parts(self) -> None:
         """Removes the ``*.pth.part`` files of this hook's ``out_dir`` (writes a killed run
@@ -115,6 +117,29 @@ class AtomicCheckpointHook(CheckpointHook):
                 backend.rmtree(path)
             elif osp.exists(path):
                 os.remove(path)
+
+    def _warn_epoch_checkpoints_inside_windows(self, runner) -> None:
+        """Warns when epoch checkpoints fall inside gradient-accumulation windows.
+
+        mmengine's ``OptimWrapper`` carries an accumulation window over the epoch's end, so
+        with ``accumulative_counts`` k not dividing the iterations per epoch an epoch
+        checkpoint holds gradients not yet applied, which ``--resume`` loses (the
+        iteration-interval case is warned from the config, :mod:`mmlinvit.engine.accumulation`).
+        """
+        loop = runner.train_loop
+        if not self.by_epoch or not isinstance(loop, EpochBasedTrainLoop):
+            return
+        wrapper = runner.optim_wrapper
+        wrappers = wrapper.values() if isinstance(wrapper, OptimWrapperDict) else [wrapper]
+        counts = max((getattr(w, '_accumulative_counts', 1) for w in wrappers), default=1)
+        per_epoch = len(loop.dataloader)
+        if counts > 1 and per_epoch % counts:
+            print_log(f'Epoch checkpoints with accumulative_counts={counts} and {per_epoch} '
+                      f'iterations per epoch fall inside accumulation windows (mmengine carries '
+                      f'a window over the end of an epoch): a --resume from one of them loses '
+                      f'the gradients accumulated since the last optimizer step (resume is then '
+                      f'not exact). Use a batch size / data set size that gives a multiple of '
+                      f'{counts} iterations per epoch.', logger='current', level=logging.WARNING)
 
     @staticmethod
     def _warn_mid_epoch_resume(runner) -> None:
