@@ -24,11 +24,12 @@ Flip schedules (``flip_schedule``):
 
 The flips are part of what the weights were trained for, so they travel with them: the
 persistent buffer ``flipped_blocks`` (one bool per block) is saved in every checkpoint, and
-loading a checkpoint whose ``flipped_blocks`` differ fails, naming both schedules.  Checkpoints
-without the record (the public code's, mmlinvit's before it) load as they are, except that a
-checkpoint written by the public code (its unprefixed classifier ``head.*``) into a model
-whose flips are not ``'official'`` fails in :meth:`Adventurer.init_weights`
-(``check_flip_schedule=False`` allows it on purpose).
+loading a checkpoint whose ``flipped_blocks`` differ fails, naming both schedules
+(``check_flip_schedule=False`` loads it on purpose, with a warning).  A file of the public code
+(its unprefixed classifier ``head.*``) gets the record of its code's flips (``'official'``)
+when it is read (the ``'adventurer'`` layout of :mod:`mmlinvit.converters`), so it is refused
+the same way on every loading path; mmlinvit's checkpoints from before the record load as
+they are.
 
 Parameter names follow the public code (``patch_embed.proj``, ``cls_token``, ``pos_embed``
 with the class position LAST, ``layers.i.{norm, mixer.*, norm_mlp, mlp.w1, mlp.w2, mlp.w3}``,
@@ -40,6 +41,7 @@ Memory is O(N) in the number of tokens: the mixer's chunked scan never builds an
 tensor, only chunk x chunk blocks.  Inputs whose side is not a multiple of the patch size are
 zero-padded at the bottom / right, as in mmseg's ViT (grid ``ceil(H / 16) x ceil(W / 16)``).
 """
+import warnings
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
@@ -280,10 +282,10 @@ class Adventurer(TokenBackbone):
             built with ``with_mask_token=False``; everything else must match.
         with_cp: Activation checkpointing of the blocks while training with gradients
             (recompute in backward; see :mod:`.checkpointing`).
-        check_flip_schedule: Refuse ``pretrained`` weights written by the public Adventurer
-            code (trained with ``flip_schedule='official'``) when this model's flips differ.
-            ``False`` loads them anyway (fine-tuning them with other flips on purpose).
-            Weights that record their flips (``flipped_blocks``) must match in any case.
+        check_flip_schedule: Refuse weights trained with other flips than this model's
+            (their ``flipped_blocks`` record; files of the public Adventurer code are read as
+            ``flip_schedule='official'``).  ``False`` loads them anyway, with a warning
+            (fine-tuning them with other flips on purpose).
     """
 
     BLOCKS = 'layers'
@@ -292,9 +294,8 @@ class Adventurer(TokenBackbone):
     BUILD_OPTIONS = 'arch / with_mask_token / mixer_cfg / flip_schedule'
     TRAINING_RECORDS = ('flipped_blocks', POS_GRID_RECORD)
     OPTIONAL_CHECKPOINT_KEYS = {
-        'flipped_blocks': 'record of the patch flips (checkpoints of the public code and of '
-                          'mmlinvit before the record have none): the flips of flip_schedule '
-                          'are used',
+        'flipped_blocks': 'record of the patch flips (mmlinvit checkpoints from before the '
+                          'record have none): the flips of flip_schedule are used',
         POS_GRID_RECORD: 'record of the (rows, cols) grid of pos_embed (checkpoints of the '
                          'public code and of mmlinvit before the record have none; their grid '
                          "is square): the model's grid is recorded",
@@ -411,48 +412,28 @@ class Adventurer(TokenBackbone):
             blk.mixer.out_proj.weight.div_(self.num_layers**0.5)
 
     def check_training_record(self, name: str, recorded: torch.Tensor) -> None:
-        """Refuses weights recorded with other flips (``flipped_blocks``)."""
+        """Refuses weights recorded with other flips (``flipped_blocks``), or warns with
+        ``check_flip_schedule=False``."""
         recorded = recorded.to(torch.bool).flatten().cpu()
         if torch.equal(recorded, self.flipped_blocks.cpu()):
             return
         theirs = describe_flips(recorded.nonzero().flatten().tolist(), recorded.numel())
         ours = describe_flips(self.flip_indices, self.num_layers, self.flip_schedule)
+        if not self.check_flip_schedule:
+            warnings.warn(f'Adventurer weights trained reversing the patch scan in blocks '
+                          f'{theirs} are loaded into a model that reverses blocks {ours} '
+                          f'(check_flip_schedule=False)', stacklevel=2)
+            return
         raise FlipScheduleMismatchError(
             f'The checkpoint\'s Adventurer weights were trained reversing the patch scan in '
-            f'blocks {theirs}; this model reverses blocks {ours}, so it would compute features '
-            f'the weights were not trained for. Build the model with the checkpoint\'s flips: '
+            f'blocks {theirs} (files of the public Adventurer code, with their unprefixed '
+            f'head.*, are read with its flips, blocks n // 2 == 1); this model reverses blocks '
+            f'{ours}, so it would compute features the weights were not trained for. Build the '
+            f'model with the checkpoint\'s flips: '
             f'flip_schedule={recorded.nonzero().flatten().tolist()} or the name given above '
             f'(config: model.backbone.flip_schedule, or the student\'s in a distillation '
-            f'config).')
-
-    def init_weights(self) -> None:
-        """Loads ``pretrained`` (see :class:`TokenBackbone`), refusing public-code weights
-        whose flips differ from this model's unless ``check_flip_schedule=False``."""
-        super().init_weights()
-        report = self.load_report
-        official = flip_block_indices('official', self.num_layers)
-        if (report is None or not self.check_flip_schedule or self.flip_indices == official
-                or not self.is_public_code_checkpoint(report)):
-            return
-        ours = describe_flips(self.flip_indices, self.num_layers, self.flip_schedule)
-        raise FlipScheduleMismatchError(
-            f'{self.pretrained!r} was written by the public Adventurer code (it has the '
-            f'unprefixed classifier head.* and no flipped_blocks record), whose models reverse '
-            f"the patch scan in blocks {official} (flip_schedule='official'); this model "
-            f'reverses blocks {ours}, so the weights would compute features they were not '
-            f'trained for. Build with '
-            f"flip_schedule='official' (--cfg-options model.backbone.flip_schedule=official), "
-            f'or with check_flip_schedule=False to fine-tune them with other flips on purpose.')
-
-    @staticmethod
-    def is_public_code_checkpoint(report) -> bool:
-        """Whether a load report describes weights written by the public Adventurer code:
-        read as the ``'adventurer'`` layout, no wrapper prefix, an ImageNet ``head.*`` dropped
-        and no ``flipped_blocks`` record (mmlinvit's task models keep their heads under other
-        prefixes: ``head.fc.*`` beside ``backbone.*``)."""
-        return (report.source_layout == 'adventurer' and report.prefix == ''
-                and 'head.weight' in report.dropped
-                and 'flipped_blocks' in report.initialised)
+            f'config), or with check_flip_schedule=False to fine-tune them with other flips on '
+            f'purpose.')
 
     # ------------------------------------------------------------------ forward pieces
     @property

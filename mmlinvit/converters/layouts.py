@@ -50,6 +50,9 @@ HF_TRANSFORMERS_KEY = re.compile(
     r'self_attn)\.)')
 #: Keys only Adventurer blocks have (Mamba-2 mixer, SwiGLU norm).
 ADVENTURER_BLOCK_KEY = re.compile(r'^layers\.\d+\.(mixer|norm_mlp)\.')
+#: Adventurer's record of the blocks that reverse the patch scan (a bool per block).
+FLIPS_RECORD = 'flipped_blocks'
+_LAYER_INDEX = re.compile(r'^layers\.(\d+)\.')
 
 
 def _is_square(n: int) -> bool:
@@ -444,7 +447,11 @@ def convert_adventurer(state_dict: Mapping[str, torch.Tensor]) -> ConversionResu
     The backbone keeps the public names (``patch_embed.proj``, ``cls_token``, ``pos_embed``
     with the class position last, ``layers.i.{norm, mixer.*, norm_mlp, mlp.w1, mlp.w2,
     mlp.w3}``, ``norm_f``; ``mask_token`` of masked distillation), so only the ImageNet
-    classifier ``head.*`` is dropped (reported).
+    classifier ``head.*`` is dropped (reported).  A file of the public code (its unprefixed
+    ``head.*``, no ``flipped_blocks`` record; mmlinvit task models keep their heads outside
+    the backbone's prefix) gets the record of the flips its code trains with, blocks with
+    ``n // 2 == 1`` (``flip_schedule='official'``), so that every loading path refuses it in
+    a model of other flips (:class:`mmlinvit.backbones.Adventurer`).
 
     Args:
         state_dict: Flat Adventurer state dict (wrapper prefixes already stripped).
@@ -459,6 +466,15 @@ def convert_adventurer(state_dict: Mapping[str, torch.Tensor]) -> ConversionResu
             report.drop(key, 'classifier head')
             continue
         out[key] = value
+    if 'head.weight' in state_dict and FLIPS_RECORD not in state_dict:
+        depth = 1 + max((int(m.group(1)) for m in map(_LAYER_INDEX.match, state_dict) if m),
+                        default=-1)
+        if depth > 0:
+            out[FLIPS_RECORD] = torch.tensor([n // 2 == 1 for n in range(depth)],
+                                             dtype=torch.bool)
+            report.notes.append(f'public Adventurer code file (classifier head.*, no '
+                                f'{FLIPS_RECORD} record): its flips, blocks with n // 2 == 1 '
+                                f"(flip_schedule='official'), recorded as {FLIPS_RECORD}")
     return out, report
 
 

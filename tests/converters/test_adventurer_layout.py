@@ -69,17 +69,19 @@ def test_released_checkpoint_is_detected_and_loads(tmp_path):
     converted, report = convert_state_dict({'model': official, 'epoch': 3})
     assert report.source_layout == 'adventurer' and report.prefix == ''
     assert set(report.dropped) == {'head.weight', 'head.bias'}
-    assert set(converted) == set(official) - {'head.weight', 'head.bias'}
+    # plus the record of the public code's flips (blocks n // 2 == 1: none of 2)
+    assert set(converted) == set(official) - {'head.weight', 'head.bias'} | {'flipped_blocks'}
+    assert converted['flipped_blocks'].tolist() == [False, False]
 
     path = str(tmp_path / 'adventurer_tiny.pth')
     torch.save({'model': official, 'epoch': 3}, path)
     model = tiny(with_mask_token=False, pretrained=path)
     model.init_weights()
-    # the model adds its flip record, which the public code's files lack
-    assert set(model.state_dict()) == set(converted) | {'flipped_blocks', 'pos_embed_grid'}
-    assert 'flipped_blocks' in model.load_report.initialised
+    # the model adds its grid record, which the public code's files lack
+    assert set(model.state_dict()) == set(converted) | {'pos_embed_grid'}
+    assert set(model.load_report.initialised) == {'pos_embed_grid'}
     for key, value in converted.items():
-        assert torch.equal(model.state_dict()[key], official[key]), key
+        assert torch.equal(model.state_dict()[key], value), key
     assert model.load_report.loaded == len(converted)
 
 
@@ -112,18 +114,35 @@ def test_adventurer_checkpoint_into_a_vit_names_the_keys():
 
 def test_public_code_weights_refuse_other_flips(tmp_path):
     """The public code trains with flip_schedule='official' (n // 2 == 1: none of 2 blocks);
-    its weights in a model that flips block 1 ('paper', the default) would be silently wrong."""
+    its weights in a model that flips block 1 ('paper', the default) would be silently wrong.
+    Refused on every loading path: pretrained=, load_pretrained (teacher_ckpt) and the output
+    of convert_checkpoint.py (the converter records the flips; only pretrained= was checked)."""
+    from mmlinvit.converters import load_pretrained
     path = str(tmp_path / 'adventurer_tiny.pth')
     torch.save({'model': official_checkpoint(), 'epoch': 3}, path)
+    refusal = (r"(?s)blocks \[\] \(flip_schedule='official'.*public Adventurer code.*"
+               r"\[1\] \(flip_schedule='paper'\).*check_flip_schedule=False")
     paper = tiny(with_mask_token=False, pretrained=path, flip_schedule='paper')
-    with pytest.raises(FlipScheduleMismatchError,
-                       match=r"(?s)public Adventurer code.*\[\] \(flip_schedule='official'\).*"
-                             r"\[1\] \(flip_schedule='paper'\).*flip_schedule=official"):
+    with pytest.raises(FlipScheduleMismatchError, match=refusal):
         paper.init_weights()
+    with pytest.raises(FlipScheduleMismatchError, match=refusal):
+        load_pretrained(tiny(with_mask_token=False, flip_schedule='paper'), path)
+    converted, report = convert_state_dict(torch.load(path))
+    assert converted['flipped_blocks'].tolist() == [False, False]
+    assert any('public Adventurer code file' in note for note in report.notes)
+    converted_path = str(tmp_path / 'converted.pth')
+    torch.save(converted, converted_path)
+    with pytest.raises(FlipScheduleMismatchError, match=refusal):
+        tiny(with_mask_token=False, pretrained=converted_path, flip_schedule='paper').init_weights()
+    official = tiny(with_mask_token=False, pretrained=converted_path)
+    official.init_weights()
+    assert official.load_report.loaded > 0
     on_purpose = tiny(with_mask_token=False, pretrained=path, flip_schedule='paper',
                       check_flip_schedule=False)
-    on_purpose.init_weights()
+    with pytest.warns(UserWarning, match=r'check_flip_schedule=False'):
+        on_purpose.init_weights()
     assert on_purpose.load_report.loaded > 0
+    assert on_purpose.flipped_blocks.tolist() == [False, True]  # its own flips are recorded
     # the same weights inside an mmlinvit task model (backbone.* + head.fc.*) are not the
     # public code's: no record, no check
     task = {'backbone.' + k: v for k, v in official_checkpoint().items()
