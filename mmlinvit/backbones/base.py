@@ -67,6 +67,8 @@ class TokenBackbone(nn.Module):
         # is resampled from its true (rows, cols), which its row count alone does not give.
         self.register_training_record(POS_GRID_RECORD,
                                       torch.tensor(tuple(self.pos_grid), dtype=torch.long))
+        # First: the other hooks read the backbone's own key names.
+        self._register_load_state_dict_pre_hook(self._convert_foreign_keys_on_load)
         # Before the records hook, which replaces the checkpoint's records by the model's.
         self._register_load_state_dict_pre_hook(self._adapt_pos_embed_on_load)
         self._register_load_state_dict_pre_hook(self._check_training_records_on_load)
@@ -109,9 +111,20 @@ class TokenBackbone(nn.Module):
 
     def _note_weights_loaded(self, state_dict: Dict[str, torch.Tensor], prefix: str,
                              *args) -> None:
-        """``load_state_dict`` pre-hook: a checkpoint with keys of this module loads it."""
-        if any(key.startswith(prefix) for key in state_dict):
+        """``load_state_dict`` pre-hook: a checkpoint with weights of this module loads it
+        (training records, which the records hook puts in, are not weights)."""
+        weights = set(self.state_dict(keep_vars=True)) - set(self.TRAINING_RECORDS)
+        if any(key.startswith(prefix) and key[len(prefix):] in weights for key in state_dict):
             self.weights_loaded = True
+
+    def _convert_foreign_keys_on_load(self, state_dict: Dict[str, torch.Tensor], prefix: str,
+                                      *args) -> None:
+        """``load_state_dict`` pre-hook: this module's keys of a whole-model checkpoint in
+        another layout (an mmpretrain classifier, an official DINOv2 / CLIP file given as a
+        model-level ``init_cfg=Pretrained`` or ``load_from``) are converted to its own names
+        (:func:`mmlinvit.converters.loading.convert_foreign_keys_on_load`)."""
+        from mmlinvit.converters.loading import convert_foreign_keys_on_load
+        convert_foreign_keys_on_load(self, state_dict, prefix)
 
     def warn_if_pretrained_not_loaded(self) -> None:
         """Warns (once) when ``pretrained`` is set but no weights were ever loaded.

@@ -393,17 +393,21 @@ _MMPRETRAIN_BLOCK_SWAPS = (
     (r'^ffn\.layers\.1\.', 'mlp.fc2.'),
     (r'^ffn\.w12\.', 'mlp.fc1.'),
     (r'^ffn\.w3\.', 'mlp.fc2.'),
+    # mmseg's ViT: nn.MultiheadAttention inside ``attn.attn`` (in_proj rows are q, k, v)
+    (r'^attn\.attn\.in_proj_(weight|bias)$', r'attn.qkv.\1'),
+    (r'^attn\.attn\.out_proj\.', 'attn.proj.'),
 )
 
 
 @CHECKPOINT_LAYOUTS.register_module('mmpretrain')
 def convert_mmpretrain(state_dict: Mapping[str, torch.Tensor]) -> ConversionResult:
-    """mmpretrain ``VisionTransformer`` layout -> canonical.
+    """mmpretrain (and mmseg) ``VisionTransformer`` layout -> canonical.
 
     ``patch_embed.projection`` -> ``patch_embed.proj``; ``layers.i.{ln1, attn.qkv, attn.proj,
     attn.gamma1.weight, ln2, ffn.layers.0.0, ffn.layers.1, ffn.gamma2.weight}`` (or SwiGLU
     ``ffn.w12`` / ``ffn.w3``) -> ``blocks.i.{norm1, attn.qkv, attn.proj, ls1.gamma, norm2,
-    mlp.fc1, mlp.fc2, ls2.gamma}``; final ``ln1`` -> ``norm``; ``pre_norm`` kept; the
+    mlp.fc1, mlp.fc2, ls2.gamma}``; mmseg's ``attn.attn.in_proj_*`` / ``attn.attn.out_proj``
+    -> ``attn.qkv`` / ``attn.proj``; final ``ln1`` -> ``norm``; ``pre_norm`` kept; the
     ``avg_featmap`` output norm ``ln2`` -> ``avg_norm`` (loaded by ``avg_featmap_norm=True``
     backbones, dropped with a warning by ``'avg_featmap'`` ones without it).
 

@@ -196,6 +196,57 @@ def convert_state_dict(state_dict: Mapping[str, Any], layout: str = 'auto',
     return converted, report
 
 
+def convert_foreign_keys_on_load(model: TokenBackbone, state_dict: Dict[str, torch.Tensor],
+                                 prefix: str) -> Optional[ConversionReport]:
+    """Converts, in place, a backbone's keys of a whole-model state dict read in another layout.
+
+    mmengine loads a model-level ``init_cfg=dict(type='Pretrained')`` (mmpretrain's
+    ``ImageClassifier(pretrained=...)`` too) and ``load_from`` into the whole model by name:
+    an mmpretrain classifier file (``backbone.layers.i.ln1...``), an official DINOv2 or CLIP
+    file would load only the tokens whose names agree and leave every block at its
+    initialisation.  Called by the backbone's first ``load_state_dict`` pre-hook: the keys under
+    ``prefix`` are converted (:func:`convert_state_dict`, the backbone's ``checkpoint_layout``)
+    when they are not the backbone's own names and the conversion places more of them; the
+    backbone's own checkpoints are left as they are.
+
+    Args:
+        model: The backbone being loaded.
+        state_dict: The state dict handed to ``load_state_dict`` (changed in place).
+        prefix: The backbone's prefix in it.
+
+    Returns:
+        The conversion report, or None when nothing was converted.
+    """
+    sub = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
+    if not sub:
+        return None
+    own = set(model.state_dict(keep_vars=True)) | set(model.surplus_checkpoint_keys())
+    foreign = [k for k in sub if k not in own]
+    if not foreign:
+        return None
+    try:
+        converted, report = convert_state_dict(sub, layout=model.checkpoint_layout)
+    except (ValueError, KeyError) as err:  # no layout matches: left to load_state_dict
+        logger.debug('no layout conversion of %r on load: %s', prefix, err)
+        return None
+    placed_before = len(sub) - len(foreign)
+    placed_after = sum(k in own for k in converted)
+    unplaced_after = len(converted) - placed_after
+    if not (placed_after > placed_before
+            or (placed_after == placed_before and unplaced_after < len(foreign))):
+        return None
+    check_act = getattr(model, 'check_checkpoint_act', None)
+    if check_act is not None:
+        check_act(converted, f'the keys under {prefix!r} (read as layout '
+                             f'{report.source_layout!r})')
+    for key in sub:
+        del state_dict[prefix + key]
+    state_dict.update({prefix + k: v for k, v in converted.items()})
+    logger.info('The keys under %r are in the %r layout: converted on load into %s:\n%s',
+                prefix, report.source_layout, type(model).__name__, report.format())
+    return report
+
+
 def _checkpoint_summary(sd: Mapping[str, torch.Tensor]) -> str:
     """A one-line guess of the architecture a canonical state dict belongs to."""
     facts = []
@@ -374,6 +425,10 @@ def check_state_dict_fits(model: nn.Module,
         lines.append(f'no tensor of the checkpoint has a place in the model (strict=False '
                      f'would load nothing): it is another model or a layout read wrongly; '
                      f'build the model with the matching {options} or pick the right layout=')
+    elif len(hard_missing) * 3 > len(expected):
+        lines.append(f'fix: build the model with the matching {options} or pick the right '
+                     f'layout= (strict=False would leave {len(hard_missing)} of the model\'s '
+                     f'{len(expected)} tensors at their initialisation)')
     else:
         lines.append(f'fix: build the model with the matching {options}, pick the right '
                      f'layout=, or load with strict=False to skip missing and unexpected keys')

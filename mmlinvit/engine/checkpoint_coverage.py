@@ -42,6 +42,18 @@ def _backbone_keys(model: nn.Module, names: Callable[[TokenBackbone], Iterable[s
     return keys
 
 
+def as_loaded(model: nn.Module, state_dict: Mapping[str, Any]) -> Dict[str, Any]:
+    """The checkpoint's keys as the model's load sees them: without a DDP wrapper prefix, and
+    each backbone's keys in another layout (an mmpretrain classifier file) converted, as the
+    backbones' load pre-hook converts them."""
+    from mmlinvit.converters.loading import convert_foreign_keys_on_load
+    seen = _unwrapped(state_dict)
+    for prefix, module in model.named_modules():
+        if isinstance(module, TokenBackbone):
+            convert_foreign_keys_on_load(module, seen, f'{prefix}.' if prefix else '')
+    return seen
+
+
 def optional_model_keys(model: nn.Module) -> Set[str]:
     """Keys of ``model`` that a checkpoint may lack (each backbone's optional keys)."""
     return _backbone_keys(model, lambda backbone: backbone.OPTIONAL_CHECKPOINT_KEYS)
@@ -108,7 +120,7 @@ def check_checkpoint_covers(model: nn.Module, checkpoint: Mapping[str, Any],
         CheckpointCoverageError: naming the missing weights, what the checkpoint looks like,
             and ``check_checkpoint_coverage=False`` to evaluate anyway.
     """
-    state_dict = checkpoint.get('state_dict', checkpoint)
+    state_dict = as_loaded(model, checkpoint.get('state_dict', checkpoint))
     missing = uncovered_keys(model, state_dict)
     mismatched = mismatched_shapes(model, state_dict)
     if mismatched and not missing:
@@ -145,14 +157,16 @@ def _per_module(missing: List[str], model_keys: List[str]) -> str:
 def check_training_load_from(model: nn.Module, checkpoint: Mapping[str, Any],
                              source: str) -> None:
     """Raises when a training run's ``load_from`` gives a trainable backbone none of its
-    weights while nothing else would (no ``pretrained=``).
+    weights while nothing else would (no ``pretrained=``), or weights of another shape.
 
     mmengine loads ``load_from`` with ``strict=False``: a file whose keys do not match (an
     exported ``student_backbone.pth`` given to a distillation or task model, whose keys carry
     ``student.`` / ``backbone.``) loads nothing, and the run trains from a random
     initialisation with only a key-mismatch note in the log.  Fine-tuning that replaces a
     head or a neck (their keys missing) is not refused: only backbones of which the file
-    holds less than half of the weights.
+    holds less than half of the weights.  Backbone tensors of another shape (a checkpoint of
+    another width or MLP size) are refused too: mmengine skips them with one warning.  Keys in
+    another layout are counted as the backbone's load hook converts them.
 
     Args:
         model: The model to train (not wrapped), after ``init_weights``.
@@ -163,18 +177,34 @@ def check_training_load_from(model: nn.Module, checkpoint: Mapping[str, Any],
         CheckpointCoverageError: naming the backbone, the counts, what the file looks like
             and ``check_checkpoint_coverage=False``.
     """
-    present = set(_unwrapped(checkpoint.get('state_dict', checkpoint)))
+    seen = as_loaded(model, checkpoint.get('state_dict', checkpoint))
     for prefix, module in model.named_modules():
-        if not isinstance(module, TokenBackbone) or getattr(module, 'pretrained', None):
+        if not isinstance(module, TokenBackbone):
             continue
         if not any(p.requires_grad for p in module.parameters()):
             continue  # a frozen teacher: its weights come from its own checkpoint
         stem = f'{prefix}.' if prefix else ''
+        own = module.state_dict()
+        mismatched = [f'{stem}{k}: checkpoint {tuple(seen[stem + k].shape)} vs model '
+                      f'{tuple(v.shape)}' for k, v in own.items()
+                      if k != 'pos_embed' and hasattr(seen.get(stem + k), 'shape')
+                      and tuple(seen[stem + k].shape) != tuple(v.shape)]
+        if mismatched:
+            raise CheckpointCoverageError(
+                f'load_from {source} holds {len(mismatched)} weight(s) of the trainable '
+                f'backbone {prefix or "(the model)"!r} with another shape: mmengine would skip '
+                f'them (strict=False) and train them from their '
+                f'{"pretrained= weights" if getattr(module, "pretrained", None) else "random initialisation"}: '
+                f'{"; ".join(mismatched[:6])}{" ..." if len(mismatched) > 6 else ""}. Check that '
+                f'it was written by a run of a model with this backbone (arch, mlp width). To '
+                f'train anyway, pass --cfg-options check_checkpoint_coverage=False.')
+        if getattr(module, 'pretrained', None):
+            continue
         optional = set(module.OPTIONAL_CHECKPOINT_KEYS)
-        keys = [stem + k for k in module.state_dict() if k not in optional]
-        covered = sum(k in present for k in keys)
+        keys = [stem + k for k in own if k not in optional]
+        covered = sum(k in seen for k in keys)
         if keys and 2 * covered < len(keys):
-            bare = sum(k[len(stem):] in present for k in keys)
+            bare = sum(k[len(stem):] in seen for k in keys)
             what = (f' The file holds a bare backbone (e.g. an exported student_backbone.pth): '
                     f'load it as model.{stem}pretrained=PATH and leave load_from unset.'
                     if 2 * bare >= len(keys) else
