@@ -6,9 +6,17 @@ a base's variables inside the base).  Some of the disagreements train without a 
 report wrong numbers; others crash hours later.  Checked before the runner is built:
 
 errors (:class:`ConfigConsistencyError`):
-  * a head's ``num_classes`` differs from the number of classes of the training set (a
-    Mask2Former child that set only the top-level ``num_classes``; a 150-way ADE20K head on a
-    21-class data set): mIoU / accuracy over the wrong classes, or an out-of-range target;
+  * a head's ``num_classes`` differs from the number of classes of the training or validation
+    set (a Mask2Former child that set only the top-level ``num_classes``; a 150-way ADE20K head
+    on a 21-class data set; a 1000-way ImageNet head on an image folder of 2 class
+    sub-folders): mIoU / accuracy over the wrong classes, or an out-of-range target;
+  * a validation set read with another ``reduce_zero_label`` than the training set (a child
+    that re-states only part of the ADE20K base's validation set): every label scored against
+    its neighbour class;
+  * a segmentation preprocessor that pads label maps with a ``seg_pad_val`` the heads do not
+    ignore (padding trained as a class, or an out-of-range target);
+  * a slide test whose stride exceeds its crop, a top-k accuracy over fewer than k classes
+    (both stop the first validation);
   * a Mask2Former ``loss_cls.class_weight`` whose length is not ``num_classes + 1``
     (fails at iteration 1 with a bare torch message);
   * ``default_hooks.checkpoint.save_best`` names a metric the validation never reports
@@ -23,7 +31,10 @@ warnings (logged; the run goes on):
   * file-decoded images (``LoadImageFromFile``, BGR) reaching an RGB-trained model with the
     preprocessor's channel swap off;
   * a top-level ``crop_size`` that no training crop uses;
-  * a scheduler that ends after the run, or a warm-up as long as the run;
+  * ``reduce_zero_label=True`` read from 0-based label maps in any data set the run reads;
+  * an evaluator that ignores other labels than the heads (void pixels scored as a class);
+  * a scheduler that ends after the run, or a warm-up as long as the run (epoch loops too:
+    an iteration-unit warm-up against max_epochs x the batches of the counted training set);
   * backbone blocks after the last ``out_indices`` entry that train but never get a gradient.
 Each message names the config key and the fix.
 """
@@ -116,20 +127,56 @@ def _dataset_classes(dataset: dict) -> Optional[Tuple[int, str]]:
     classes = (getattr(cls, 'METAINFO', None) or {}).get('classes') if cls else None
     if classes:
         return len(classes), f'{cls.__name__}.METAINFO'
-    return None
+    return _folder_classes(dataset, cls)
 
 
-def _class_count_problems(cfg: Any) -> List[str]:
-    found = _train_dataset(cfg)
+def _folder_classes(dataset: dict, cls: Optional[type]) -> Optional[Tuple[int, str]]:
+    """Classes of an mmpretrain ``CustomDataset`` without ``ann_file``: its sub-folders
+    (mmpretrain's ``find_folders``: every directory under the image folder, sorted)."""
+    import os.path as osp
+    try:
+        from mmpretrain.datasets import CustomDataset
+    except ImportError:  # mmpretrain is part of the stack; a partial install checks nothing
+        return None
+    if (cls is None or not issubclass(cls, CustomDataset) or dataset.get('ann_file')
+            or dataset.get('with_label', True) is False):
+        return None
+    prefix = dataset.get('data_prefix', '') or ''
+    if isinstance(prefix, dict):
+        prefix = prefix.get('img_path', '') or ''
+    root = dataset.get('data_root', '') or ''
+    folder = prefix if osp.isabs(prefix) or not root else osp.join(root, prefix)
+    if not folder or not osp.isdir(folder):
+        return None
+    with os.scandir(folder) as entries:
+        count = sum(1 for entry in entries if entry.is_dir())
+    return (count, f'sub-folders of {folder!r}') if count else None
+
+
+def _class_count_problems(cfg: Any, mode: str = 'train') -> List[str]:
+    """Heads whose ``num_classes`` is not the class count of a data set the run reads (the
+    training set, and the validation set when it validates; the test set for ``'test'``)."""
+    from .preflight import _checked_loaders
+    counted = []
+    for name, loader in _checked_loaders(cfg, mode):
+        for dataset, where in _iter_datasets(loader.get('dataset', None), f'{name}.dataset'):
+            count = _dataset_classes(dataset)
+            if count is not None:
+                counted.append((dataset, where, count))
     problems = []
-    count = _dataset_classes(found[0]) if found else None
     for where, head in _heads(cfg.get('model', None)):
         n = head['num_classes']
-        if count is not None and n != count[0] and '.teacher' not in where:
+        if '.teacher' in where:
+            continue
+        for dataset, data_where, count in counted:
+            if n == count[0]:
+                continue
+            scored = ('trained and scored' if data_where.startswith('train_dataloader')
+                      else 'scored')
             problems.append(
-                f'{where}.num_classes={n}, but the training set ({found[1]}, type '
-                f'{_strip_scope(found[0].get("type"))}) has {count[0]} classes ({count[1]}): '
-                f'the head would be trained and scored over the wrong classes. Fix: set '
+                f'{where}.num_classes={n}, but {data_where} (type '
+                f'{_strip_scope(dataset.get("type"))}) has {count[0]} classes ({count[1]}): '
+                f'the head would be {scored} over the wrong classes. Fix: set '
                 f'{where}.num_classes={count[0]} (re-state the head in the config: a base\'s '
                 f'top-level num_classes variable is evaluated in the base), or give the data set '
                 f'its classes (metainfo=dict(classes=...)) and type')
@@ -162,6 +209,51 @@ def _batch_augment_problem(cfg: Any) -> Optional[str]:
                     f'{head["num_classes"]}: the first step would stop on a shape mismatch. '
                     f'Fix: {pre[0]}.num_classes={head["num_classes"]}')
     return None
+
+
+def _evaluation_problems(cfg: Any, mode: str) -> List[str]:
+    """Evaluation settings that stop the run at its first validation (or ``tools/test.py``):
+    a slide window whose stride exceeds its crop (mmseg asserts on the pixels no window
+    covers) and a top-k accuracy over fewer classes than k."""
+    problems = []
+    validates = (cfg.get('val_cfg', None) is not None and cfg.get('val_dataloader', None)) \
+        if mode == 'train' else True
+    if not validates:
+        return problems
+    for where, node in _walk(cfg.get('model', None), 'model'):
+        test_cfg = node.get('test_cfg', None)
+        if not isinstance(test_cfg, dict) or test_cfg.get('mode', None) != 'slide':
+            continue
+        crop, stride = test_cfg.get('crop_size', None), test_cfg.get('stride', None)
+        if crop is None or stride is None:
+            continue
+        from .pad_size_check import _pair
+        if any(s > c for s, c in zip(_pair(stride), _pair(crop))):
+            problems.append(
+                f'{where}.test_cfg.stride={tuple(_pair(stride))} is larger than its crop_size='
+                f'{tuple(_pair(crop))}: the slide windows leave pixels no window covers, and '
+                f'mmseg stops at the first validation / test. Fix: {where}.test_cfg.stride='
+                f'{tuple(c * 2 // 3 for c in _pair(crop))} (2 / 3 of the crop, as mmseg\'s '
+                f'configs)')
+    counts = {head['num_classes'] for where, head in _heads(cfg.get('model', None))
+              if '.teacher' not in where}
+    if len(counts) != 1:
+        return problems
+    num_classes = counts.pop()
+    key = 'val_evaluator' if mode == 'train' else 'test_evaluator'
+    evaluator = cfg.get(key, None) or []
+    for i, metric in enumerate(evaluator if isinstance(evaluator, (list, tuple)) else [evaluator]):
+        if not isinstance(metric, dict) or _strip_scope(metric.get('type')) != 'Accuracy':
+            continue
+        topk = metric.get('topk', (1, ))
+        topk = [topk] if isinstance(topk, int) else list(topk)
+        if max(topk) > num_classes:
+            where = key if not isinstance(evaluator, (list, tuple)) else f'{key}[{i}]'
+            problems.append(
+                f'{where}.topk={tuple(topk)} but the model has {num_classes} classes: top-'
+                f'{max(topk)} accuracy is undefined and mmpretrain stops at the first '
+                f'evaluation. Fix: --cfg-options {where}.topk="{tuple(k for k in topk if k <= num_classes) or (1, )}"')
+    return problems
 
 
 def _save_best_problem(cfg: Any) -> Optional[str]:
@@ -248,6 +340,41 @@ def _ignored_labels(cfg: Any, loader_name: str) -> set:
     return values or {255}
 
 
+def _ignore_index_problems(cfg: Any, mode: str) -> Tuple[List[str], List[str]]:
+    """(errors, warnings) about ignored labels: the segmentation preprocessor pads label maps
+    with ``seg_pad_val``, which the heads must ignore (else padding is trained as a class, or
+    an out-of-range target stops the run); an evaluator that ignores another label than the
+    heads scores the void pixels the model never learnt as a class (84.31 mIoU where the
+    predictions were right on every labelled pixel)."""
+    heads = {head.get('ignore_index', 255) for where, head in _heads(cfg.get('model', None))
+             if '.teacher' not in where}
+    pre = _preprocessor(cfg)
+    errors, warnings = [], []
+    if not heads or pre is None or _strip_scope(pre[1].get('type')) != 'SegDataPreProcessor':
+        return errors, warnings
+    pad = pre[1].get('seg_pad_val', 255)
+    if mode == 'train' and pad not in heads:
+        errors.append(
+            f'{pre[0]}.seg_pad_val={pad} is not a label the heads ignore (ignore_index '
+            f'{sorted(heads)}): the padding of the label maps would be trained as class {pad} '
+            f'(or stop the run with an out-of-range target). Fix: {pre[0]}.seg_pad_val='
+            f'{min(heads)}')
+    loaders = ('val_dataloader', ) if mode == 'train' else ('test_dataloader', )
+    from .preflight import _checked_loaders
+    for name, _ in _checked_loaders(cfg, mode):
+        if name not in loaders:
+            continue
+        evaluator_key = 'val_evaluator' if name == 'val_dataloader' else 'test_evaluator'
+        metric = _ignored_labels(cfg, name)
+        if metric != heads:
+            warnings.append(
+                f'{evaluator_key} ignores label(s) {sorted(metric)} but the heads ignore '
+                f'{sorted(heads)} (ignore_index): the metric scores pixels the model was never '
+                f'trained on (or drops ones it was). Fix: {evaluator_key}.ignore_index='
+                f'{min(heads)} (mmseg reads no data set ignore_index)')
+    return errors, warnings
+
+
 def label_range_problems(cfg: Any, mode: str) -> List[str]:
     """Label maps holding labels beyond the segmentation head's classes.
 
@@ -301,29 +428,87 @@ def label_range_problems(cfg: Any, mode: str) -> List[str]:
     return problems
 
 
-def _reduce_zero_label_warning(cfg: Any) -> Optional[str]:
-    found = _train_dataset(cfg)
-    if not found or found[0].get('reduce_zero_label', None) is not True:
+def _reduce_zero_label(dataset: dict) -> Optional[bool]:
+    """A segmentation data set's ``reduce_zero_label``: the config's, else its type's default
+    (None when the type takes no such argument)."""
+    import inspect
+    cls = _dataset_class(dataset.get('type'))
+    if cls is None:
+        return None
+    param = inspect.signature(cls.__init__).parameters.get('reduce_zero_label')
+    if param is None:
+        return None
+    value = dataset.get('reduce_zero_label', param.default)
+    return bool(value) if isinstance(value, (bool, int)) else None
+
+
+def _reduce_zero_label_problems(cfg: Any, mode: str) -> List[str]:
+    """Validation / test data read with another ``reduce_zero_label`` than the training set:
+    a child that re-states the training set but only part of the validation set keeps the
+    ADE20K base's ``True`` there, and every label is scored against the class below it
+    (perfect predictions: 0.00 mIoU)."""
+    if mode != 'train':
+        return []
+    from .preflight import _checked_loaders
+    found = {}
+    for name, loader in _checked_loaders(cfg, mode):
+        for dataset, where in _iter_datasets(loader.get('dataset', None), f'{name}.dataset'):
+            value = _reduce_zero_label(dataset)
+            if value is not None:
+                found[where] = value
+    train = {w: v for w, v in found.items() if w.startswith('train_dataloader')}
+    if len(set(train.values())) != 1:
+        return []
+    value = next(iter(train.values()))
+    return [f'{where}.reduce_zero_label={other} but the training set ({next(iter(train))}) '
+            f'reads its labels with reduce_zero_label={value}: every label would be scored '
+            f'against {"the class below" if other else "the class above"} the one the model '
+            f'learnt for it. Fix: {where}.reduce_zero_label={value} (a base\'s value stays '
+            f'unless the child re-states it; the test set too)'
+            for where, other in found.items() if where not in train and other != value]
+
+
+def _reduce_zero_label_warnings(cfg: Any, mode: str) -> List[str]:
+    """The label-based ``reduce_zero_label`` warning for the training set (a validation set
+    with another value is an error, the same value is covered by the training set's) or, in
+    ``'test'`` mode, the test set."""
+    from .preflight import _checked_loaders, _dataset_key
+    warnings, seen = [], set()
+    for name, loader in _checked_loaders(cfg, mode):
+        if name == 'val_dataloader':
+            continue
+        for dataset, where in _iter_datasets(loader.get('dataset', None), f'{name}.dataset'):
+            if _dataset_key(dataset) in seen:
+                continue
+            seen.add(_dataset_key(dataset))
+            warning = _reduce_zero_label_warning(cfg, dataset, where)
+            if warning:
+                warnings.append(warning)
+    return warnings
+
+
+def _reduce_zero_label_warning(cfg: Any, dataset: dict, where: str) -> Optional[str]:
+    if dataset.get('reduce_zero_label', None) is not True:
         return None
     import inspect
-    cls = _dataset_class(found[0].get('type'))
+    cls = _dataset_class(dataset.get('type'))
     if cls is None:
         return None
     param = inspect.signature(cls.__init__).parameters.get('reduce_zero_label')
     if param is None or param.default is not False:
         return None
-    count = _dataset_classes(found[0])
-    top = _max_label(found[0], cfg.get('default_scope', None))
+    count = _dataset_classes(dataset)
+    top = _max_label(dataset, cfg.get('default_scope', None))
     if count is None or top is None or top >= count[0]:
         return None  # no label maps to read, or labels run 1..N as reduce_zero_label assumes
     seen = (f'; no label {count[0]} (the last class when classes are labelled 1..{count[0]}) in '
             f'{LABEL_SAMPLE} of its label maps, the largest is {top}, as 0-based labels would '
             f'give')
-    return (f'{found[1]}.reduce_zero_label=True on a {cls.__name__} (whose default is False; '
+    return (f'{where}.reduce_zero_label=True on a {cls.__name__} (whose default is False; '
             f'the ADE20K bases set True){seen}. It reads label 0 as "ignore" and moves every '
             f'other label down by one: right when label 0 means unlabelled and the classes are '
             f'1..N (ADE20K\'s convention), wrong for 0-based labels, which need '
-            f'{found[1]}.reduce_zero_label=False (and in the val / test sets).')
+            f'{where}.reduce_zero_label=False (and in the other data sets).')
 
 
 def _preprocessor(cfg: Any) -> Optional[Tuple[str, dict]]:
@@ -371,14 +556,35 @@ def _crop_size_warning(cfg: Any) -> Optional[str]:
             f'crop_size / stride; if {used} is right, crop_size is a leftover of the base.')
 
 
-def _schedule_warnings(cfg: Any) -> List[str]:
+def _epoch_loop_iterations(cfg: Any, train_samples: Optional[int]) -> Optional[int]:
+    """Iterations of an epoch-based run: max_epochs x batches per epoch (the training set's
+    ``train_samples`` over batch size x processes), or None when unknown."""
+    train_cfg = cfg.get('train_cfg', None) or {}
+    loader = cfg.get('train_dataloader', None) or {}
+    epochs, batch = train_cfg.get('max_epochs', None), loader.get('batch_size', None)
+    if not train_samples or not isinstance(epochs, int) or not isinstance(batch, int) \
+            or batch <= 0 or train_cfg.get('max_iters', None) is not None:
+        return None
+    world = int(os.environ.get('WORLD_SIZE', '1') or 1)
+    per_rank = -(-train_samples // world)  # mmengine's DefaultSampler pads to equal shares
+    per_epoch = (per_rank // batch) if loader.get('drop_last', False) else -(-per_rank // batch)
+    return epochs * per_epoch if per_epoch else None
+
+
+def _schedule_warnings(cfg: Any, train_samples: Optional[int] = None) -> List[str]:
     train_cfg = cfg.get('train_cfg', None) or {}
     schedulers = cfg.get('param_scheduler', None) or []
     if isinstance(schedulers, dict):
         schedulers = [schedulers]
     warnings = []
-    for by_epoch, limit_key in ((False, 'max_iters'), (True, 'max_epochs')):
-        limit = train_cfg.get(limit_key, None)
+    run_iters = _epoch_loop_iterations(cfg, train_samples)
+    limits = [(False, 'max_iters', train_cfg.get('max_iters', None)),
+              (True, 'max_epochs', train_cfg.get('max_epochs', None))]
+    if run_iters is not None:  # iteration-unit schedulers of an epoch loop (warm-ups)
+        limits.append((False, f'max_epochs={train_cfg["max_epochs"]} x '
+                       f'{run_iters // train_cfg["max_epochs"]} iterations per epoch '
+                       f'({train_samples} training samples) =', run_iters))
+    for by_epoch, limit_key, limit in limits:
         if not isinstance(limit, (int, float)):
             continue
         for i, sched in enumerate(schedulers):
@@ -389,15 +595,21 @@ def _schedule_warnings(cfg: Any) -> List[str]:
             if isinstance(end, (int, float)) and end > limit:
                 warnings.append(
                     f'param_scheduler[{i}] ({_strip_scope(sched.get("type"))}) ends at {end} but '
-                    f'train_cfg.{limit_key}={limit}: the run stops before its schedule does (the '
-                    f'learning rate never reaches its end value). Fix: re-state param_scheduler '
-                    f'with end={limit} (base variables are evaluated in the base).')
+                    f'{_limit_text(limit_key, limit)}: the run stops before its schedule does '
+                    f'(the learning rate never reaches its end value). Fix: re-state '
+                    f'param_scheduler with end={limit} (base variables are evaluated in the '
+                    f'base{"; or count it in epochs: by_epoch=True, convert_to_iter_based=True" if "=" in limit_key else ""}).')
             elif isinstance(begin, (int, float)) and begin >= limit:
                 warnings.append(
                     f'param_scheduler[{i}] ({_strip_scope(sched.get("type"))}) begins at '
-                    f'{begin}, at or after train_cfg.{limit_key}={limit}: it never runs (the '
+                    f'{begin}, at or after {_limit_text(limit_key, limit)}: it never runs (the '
                     f'whole run is warm-up). Fix: re-state param_scheduler for {limit}.')
     return warnings
+
+
+def _limit_text(limit_key: str, limit: Any) -> str:
+    """``train_cfg.max_iters=N``, or the estimate of an epoch loop's iterations."""
+    return f'{limit_key} {limit} iterations' if '=' in limit_key else f'train_cfg.{limit_key}={limit}'
 
 
 def _unused_blocks_warning(cfg: Any) -> Optional[str]:
@@ -432,25 +644,52 @@ def _unused_blocks_warning(cfg: Any) -> Optional[str]:
             f'configs use [7, 11, 15, 23]).')
 
 
-def check_config_consistency(cfg: Any) -> None:
+def check_config_consistency(cfg: Any, train_samples: Optional[int] = None) -> None:
     """Raises on disagreements that train or evaluate the wrong thing, logs the rest.
 
     Args:
         cfg: The prepared training config.
+        train_samples: Samples of the training set, if counted (epoch loops: iteration-unit
+            schedulers are compared with the run's iterations).
 
     Raises:
         ConfigConsistencyError: listing every error found.
     """
     errors = _class_count_problems(cfg)
     errors += [p for p in (_batch_augment_problem(cfg), _save_best_problem(cfg)) if p]
+    errors += _reduce_zero_label_problems(cfg, 'train') + _evaluation_problems(cfg, 'train')
+    ignore_errors, ignore_warnings = _ignore_index_problems(cfg, 'train')
+    errors += ignore_errors
     errors += label_range_problems(cfg, 'train')
     if errors:
         lines = '\n'.join(f'  - {p}' for p in errors)
         raise ConfigConsistencyError(
             f'Cannot start: {len(errors)} part(s) of the config disagree (checked before '
             f'building the runner; nothing was trained):\n{lines}')
-    warnings = [w for w in (_reduce_zero_label_warning(cfg), _channel_order_warning(cfg),
-                            _crop_size_warning(cfg), _unused_blocks_warning(cfg)) if w]
-    warnings += _schedule_warnings(cfg)
+    warnings = [w for w in (_channel_order_warning(cfg), _crop_size_warning(cfg),
+                            _unused_blocks_warning(cfg)) if w]
+    warnings += _reduce_zero_label_warnings(cfg, 'train') + ignore_warnings
+    warnings += _schedule_warnings(cfg, train_samples)
+    for warning in warnings:
+        print_log(f'Config check: {warning}', logger='current', level=logging.WARNING)
+
+
+def check_test_config_consistency(cfg: Any) -> None:
+    """The test-time part of :func:`check_config_consistency` (``tools/test.py``): head
+    classes vs the test set's, label maps beyond the head's classes, and (warnings) the
+    test set's ``reduce_zero_label`` and the evaluator's ignored labels.
+
+    Args:
+        cfg: The prepared test config.
+
+    Raises:
+        ConfigConsistencyError: listing every error found.
+    """
+    errors = _class_count_problems(cfg, 'test') + _evaluation_problems(cfg, 'test')
+    errors += label_range_problems(cfg, 'test')
+    if errors:
+        lines = '\n'.join(f'  - {p}' for p in errors)
+        raise ConfigConsistencyError(f'Cannot evaluate:\n{lines}')
+    warnings = _reduce_zero_label_warnings(cfg, 'test') + _ignore_index_problems(cfg, 'test')[1]
     for warning in warnings:
         print_log(f'Config check: {warning}', logger='current', level=logging.WARNING)

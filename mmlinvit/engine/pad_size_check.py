@@ -1,10 +1,12 @@
-"""Pre-flight check: the segmentation data preprocessor does not pad crops to a larger size.
+"""Pre-flight check: the segmentation data preprocessor pads training crops to the crop size.
 
 mmseg's ``SegDataPreProcessor(size=...)`` pads every batch to ``size``.  mmseg configs set it
 to the crop (``data_preprocessor = dict(size=crop_size)``); a config that changes the crop but
 keeps a base's preprocessor - typically a ``DistillationModel`` whose student comes from a
 512 x 512 segmentation base, trained on smaller crops - pads every crop with zeros: the step
-costs (size / crop)^2 times the pixels and the models learn on mostly padding, silently.
+costs (size / crop)^2 times the pixels and the models learn on mostly padding, silently.  A
+``size`` smaller than a new, larger ``RandomCrop`` leaves batches of unequal sizes (the crops
+of smaller images), which stop the first such batch with a bare torch message.
 """
 from typing import Any, Iterator, Optional, Tuple
 
@@ -48,7 +50,7 @@ def _train_crops(cfg: Any) -> Iterator[Tuple[str, Tuple[int, int]]]:
 
 
 def find_pad_size_problem(cfg: Any) -> Optional[str]:
-    """Describes a preprocessor ``size`` larger than the training crop, or ``None``."""
+    """Describes a preprocessor ``size`` other than the training crop, or ``None``."""
     crops = list(_train_crops(cfg))
     for where, preprocessor in _preprocessors(cfg.get('model', None)):
         if preprocessor.get('size') is None:
@@ -62,4 +64,12 @@ def find_pad_size_problem(cfg: Any) -> Optional[str]:
                         f'zero padding that the models then train on.\n    Fix: set the '
                         f'preprocessor to the crop, e.g. --cfg-options {where}.size="{crop}" '
                         f'(mmseg configs use data_preprocessor = dict(size=crop_size)).')
+            if crop_where.endswith('.crop_size') and (crop[0] > size[0] or crop[1] > size[1]):
+                return (f'{where}.size={size} is smaller than the {crop} training crop '
+                        f'({crop_where}): batches are padded to {size} only, so crops of '
+                        f'images smaller than {crop} keep their own sizes and the first such '
+                        f'batch stops with "stack expects each tensor to be equal size".\n'
+                        f'    Fix: set the preprocessor to the crop, e.g. --cfg-options '
+                        f'{where}.size="{crop}" (mmseg configs use data_preprocessor = '
+                        f'dict(size=crop_size)).')
     return None

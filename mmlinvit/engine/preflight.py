@@ -304,7 +304,8 @@ def _check_dataset(dataset: dict, where: str, hints: Dict[str, str]) -> List[str
 def find_missing_inputs(cfg: Any,
                         mode: str = 'train',
                         checkpoint: Optional[str] = None,
-                        counts: Optional[List[str]] = None) -> List[str]:
+                        counts: Optional[List[str]] = None,
+                        sizes: Optional[Dict[str, int]] = None) -> List[str]:
     """Lists every missing data path / checkpoint of a config (empty when all exist).
 
     Datasets whose folders exist are also checked for images (and label maps) that pair up
@@ -316,6 +317,8 @@ def find_missing_inputs(cfg: Any,
         checkpoint: The checkpoint given to the test tool, checked as well.
         counts: If given, one line per checked dataset with its image / label-map counts is
             appended to it.
+        sizes: If given, filled with the number of images of each checked dataset, by its
+            location (``'train_dataloader.dataset'``).
 
     Returns:
         One human-readable problem description per missing path or unpaired data folder.
@@ -344,6 +347,8 @@ def find_missing_inputs(cfg: Any,
                     problems.extend(problem + hint for problem in report.problems)
                     if counts is not None:
                         counts.append(report.summary())
+                    if sizes is not None:
+                        sizes[where] = report.num_images
 
     ckpts = list(_iter_checkpoints(cfg.get('model', {}), 'model'))
     load_from = cfg.get('load_from', None)
@@ -430,7 +435,9 @@ def check_inputs(cfg: Any, mode: str = 'train', checkpoint: Optional[str] = None
             ``check_config_consistency = False`` in the config skips it.
     """
     counts: List[str] = []
-    problems = find_missing_inputs(cfg, mode=mode, checkpoint=checkpoint, counts=counts)
+    sizes: Dict[str, int] = {}
+    problems = find_missing_inputs(cfg, mode=mode, checkpoint=checkpoint, counts=counts,
+                                   sizes=sizes)
     if problems:
         lines = '\n'.join(f'  - {p}' for p in problems)
         raise MissingInputsError(
@@ -439,11 +446,8 @@ def check_inputs(cfg: Any, mode: str = 'train', checkpoint: Optional[str] = None
     for line in counts:
         print_log(f'Data check: {line}', logger='current', level=logging.INFO)
     if mode == 'test' and cfg.get('check_config_consistency', True):
-        from .config_consistency import ConfigConsistencyError, label_range_problems
-        problems = label_range_problems(cfg, 'test')
-        if problems:
-            lines = '\n'.join(f'  - {p}' for p in problems)
-            raise ConfigConsistencyError(f'Cannot evaluate:\n{lines}')
+        from .config_consistency import check_test_config_consistency
+        check_test_config_consistency(cfg)
     if mode == 'train':
         problem = find_batch_norm_problem(cfg)
         if problem:
@@ -454,7 +458,7 @@ def check_inputs(cfg: Any, mode: str = 'train', checkpoint: Optional[str] = None
             raise PadSizeError(f'Cannot start: {problem}')
         if cfg.get('check_config_consistency', True):
             from .config_consistency import check_config_consistency
-            check_config_consistency(cfg)
+            check_config_consistency(cfg, train_samples=sizes.get('train_dataloader.dataset'))
 
 
 class DataCheckError(PreflightError):

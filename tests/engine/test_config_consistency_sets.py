@@ -1,0 +1,158 @@
+"""Config checks over every data set a run reads, not only the training set (a new task
+inherited from a shipped config): the validation set's classes and ``reduce_zero_label``, an
+image folder's class sub-folders, ignored labels of heads / preprocessor / evaluator,
+evaluation settings that stop the first validation, an iteration warm-up longer than an
+epoch-based run, and a preprocessor smaller than the crop.  Each of these trained without a
+word before (measured: perfect predictions scored 0.00 mIoU; a 1000-way head trained on 2
+classes; void pixels scored as a class, 84.31 instead of 100.00 mIoU; peak lr 1.6e-6 of 1e-4).
+"""
+import logging
+
+import pytest
+
+from mmlinvit.engine.config_consistency import (ConfigConsistencyError,
+                                                check_config_consistency,
+                                                check_test_config_consistency)
+from mmlinvit.engine.launch import build_runner
+from mmlinvit.engine.pad_size_check import PadSizeError, find_pad_size_problem
+
+from train_testing import (captured_log, make_image_folder, make_toy_scenes, toy_cls_config,
+                           toy_config, with_validation)
+
+pytestmark = pytest.mark.usefixtures('one_thread')
+
+
+@pytest.fixture(scope='module')
+def toy_root(tmp_path_factory) -> str:
+    return make_toy_scenes(str(tmp_path_factory.mktemp('toy') / 'toy_ade'))
+
+
+@pytest.fixture
+def warnings_logged():
+    with captured_log(logging.WARNING) as messages:
+        yield messages
+
+
+def validated(toy_root, tmp_path):
+    return with_validation(toy_config(toy_root, str(tmp_path)), toy_root)
+
+
+def test_the_validated_toy_recipe_passes(tmp_path, toy_root, warnings_logged):
+    check_config_consistency(validated(toy_root, tmp_path))
+    assert not [m for m in warnings_logged if m.startswith('Config check')]
+
+
+def test_validation_set_with_another_reduce_zero_label_is_refused(tmp_path, toy_root):
+    """A child re-states the training set (0-based labels: reduce_zero_label=False) and only
+    part of the validation set, which keeps the ADE20K base's True."""
+    cfg = validated(toy_root, tmp_path)
+    train = cfg.train_dataloader.dataset
+    n = len(train.metainfo['classes']) + 1  # labels 0..N read as 0-based classes
+    train.update(type='BaseSegDataset', reduce_zero_label=False,
+                 metainfo=dict(classes=tuple(f'c{i}' for i in range(n))))
+    cfg.val_dataloader.dataset.update(type='BaseSegDataset', metainfo=train.metainfo,
+                                      reduce_zero_label=True)
+    cfg.model.decode_head.num_classes = n
+    with pytest.raises(ConfigConsistencyError,
+                       match=r'val_dataloader.dataset.reduce_zero_label=True but the training '
+                             r'set .*reduce_zero_label=False.*the class below.*Fix: '
+                             r'val_dataloader.dataset.reduce_zero_label=False'):
+        check_config_consistency(cfg)
+    cfg.val_dataloader.dataset.reduce_zero_label = False
+    check_config_consistency(cfg)
+
+
+def test_validation_set_classes_must_be_the_heads(tmp_path, toy_root):
+    """A validation set that re-states only data_root keeps the base's type and classes."""
+    cfg = validated(toy_root, tmp_path)
+    cfg.val_dataloader.dataset.update(type='ADE20KDataset', metainfo=None)  # the base's
+    with pytest.raises(ConfigConsistencyError,
+                       match=r'val_dataloader.dataset \(type ADE20KDataset\) has 150 classes.*'
+                             r'scored over the wrong classes'):
+        check_config_consistency(cfg)
+
+
+def test_image_folder_classes_are_its_sub_folders(tmp_path):
+    """mmpretrain's CustomDataset without ann_file takes its classes from the sub-folders:
+    a 1000-way ImageNet head on a 2-class folder trained (8 of 8 predictions outside)."""
+    data = make_image_folder(str(tmp_path / 'data'))
+    cfg = toy_cls_config(data, str(tmp_path / 'wd'))
+    check_config_consistency(cfg)
+    cfg.model.head.num_classes = 1000
+    with pytest.raises(ConfigConsistencyError,
+                       match=r'model.head.num_classes=1000, but train_dataloader.dataset .*has 2 '
+                             r'classes \(sub-folders of'):
+        check_config_consistency(cfg)
+
+
+def test_ignored_labels_of_preprocessor_heads_and_evaluator(tmp_path, toy_root,
+                                                            warnings_logged):
+    """ADE-style labels kept as they are (0 = void, a class of its own the heads ignore)."""
+    cfg = validated(toy_root, tmp_path)
+    train = cfg.train_dataloader.dataset
+    n = len(train.metainfo['classes']) + 1
+    train.update(type='BaseSegDataset', reduce_zero_label=False,
+                 metainfo=dict(classes=('void', ) + tuple(train.metainfo['classes'])))
+    cfg.val_dataloader.dataset.update(type='BaseSegDataset', metainfo=train.metainfo,
+                                      reduce_zero_label=False)
+    cfg.model.decode_head.update(num_classes=n, ignore_index=0)
+    with pytest.raises(ConfigConsistencyError,
+                       match=r'seg_pad_val=255 is not a label the heads ignore \(ignore_index '
+                             r'\[0\]\).*Fix: model.data_preprocessor.seg_pad_val=0'):
+        check_config_consistency(cfg)
+    cfg.model.data_preprocessor.seg_pad_val = 0
+    check_config_consistency(cfg)
+    assert any('val_evaluator ignores label(s) [255] but the heads ignore [0]' in m
+               and 'val_evaluator.ignore_index=0' in m for m in warnings_logged)
+    warnings_logged.clear()
+    cfg.val_evaluator.ignore_index = 0
+    check_config_consistency(cfg)
+    assert not [m for m in warnings_logged if 'ignore' in m]
+
+
+def test_evaluation_settings_that_stop_the_first_validation(tmp_path, toy_root):
+    cfg = validated(toy_root, tmp_path)
+    cfg.model.test_cfg = dict(mode='slide', crop_size=(32, 32), stride=(48, 48))
+    with pytest.raises(ConfigConsistencyError,
+                       match=r'model.test_cfg.stride=\(48, 48\) is larger than its '
+                             r'crop_size=\(32, 32\).*stride=\(21, 21\)'):
+        check_config_consistency(cfg)
+    with pytest.raises(ConfigConsistencyError, match='larger than its crop_size'):
+        check_test_config_consistency(cfg)
+    data = make_image_folder(str(tmp_path / 'data'))
+    cls = toy_cls_config(data, str(tmp_path / 'wd'))
+    cls.test_dataloader = cls.train_dataloader
+    cls.test_evaluator = dict(type='Accuracy', topk=(1, 5))
+    with pytest.raises(ConfigConsistencyError,
+                       match=r'test_evaluator.topk=\(1, 5\) but the model has 2 classes.*'
+                             r'topk="\(1,\)"'):
+        check_test_config_consistency(cls)
+
+
+def test_iteration_warm_up_longer_than_an_epoch_run_is_warned(tmp_path, warnings_logged):
+    """The AdaLA Stage-1 schedule (LinearLR warm-up over 500 iterations in a 4-epoch loop) on
+    a small image folder: the lr never reached its peak, and nothing said so."""
+    data = make_image_folder(str(tmp_path / 'data'))
+    cfg = toy_cls_config(data, str(tmp_path / 'wd'), max_epochs=3)
+    cfg.param_scheduler = [
+        dict(type='LinearLR', start_factor=1e-3, by_epoch=False, begin=0, end=500),
+        dict(type='CosineAnnealingLR', by_epoch=True, begin=0, end=3,
+             convert_to_iter_based=True)]
+    build_runner(cfg)  # the preflight counts the training set
+    output = ' '.join('\n'.join(warnings_logged).split())
+    assert ('param_scheduler[0] (LinearLR) ends at 500 but max_epochs=3 x 4 iterations per '
+            'epoch (8 training samples) = 12 iterations') in output
+    assert 'convert_to_iter_based=True' in output
+
+
+def test_a_preprocessor_smaller_than_the_crop_is_refused(tmp_path, toy_root):
+    """mmseg pads batches to size only: crops of images smaller than a larger new crop keep
+    their own sizes, and the first such batch stopped with a bare torch.stack message."""
+    cfg = toy_config(toy_root, str(tmp_path))
+    crop = next(t for t in cfg.train_dataloader.dataset.pipeline if t['type'] == 'RandomCrop')
+    size = tuple(cfg.model.data_preprocessor.size)
+    crop['crop_size'] = (size[0] + 16, size[1] + 16)
+    problem = find_pad_size_problem(cfg)
+    assert problem and f'size={size} is smaller than the' in problem
+    with pytest.raises(PadSizeError):
+        build_runner(cfg)
