@@ -162,8 +162,18 @@ def _cls_visualization(cfg: Config, show_dir: Optional[str], show: bool, wait_ti
 
 
 def _seg_output_dump(cfg: Config, out: str) -> None:
-    cfg.test_evaluator['output_dir'] = out
-    cfg.test_evaluator['keep_results'] = True
+    evaluators = cfg.test_evaluator
+    metrics = [m for m in (evaluators if isinstance(evaluators, (list, tuple)) else [evaluators])
+               if isinstance(m, dict) and str(m.get('type', '')).split('.')[-1] == 'IoUMetric']
+    if not metrics:
+        raise EvaluationFlagError('--out DIR saves the label maps through mmseg\'s IoUMetric '
+                                  '(output_dir); test_evaluator has none')
+    for metric in metrics:
+        metric['output_dir'] = out
+        metric['keep_results'] = True
+    # Every process writes its share of the maps: mmseg's IoUMetric creates the folder on
+    # rank 0 only, and another rank's first write could come before it.
+    os.makedirs(out, exist_ok=True)
 
 
 def _cls_output_dump(cfg: Config, out: str) -> None:
@@ -401,6 +411,12 @@ def prepare_test_config(cfg: Config,
         _add_custom_hook(cfg, 'mmlinvit.CheckpointCoverageHook', source=repr(checkpoint))
     if show or show_dir:
         world.enable_visualization(cfg, show_dir, show, wait_time, interval)
+        if launcher != 'none':
+            print_log(f'--show / --show-dir with --launcher {launcher}: mmseg\'s and '
+                      f'mmpretrain\'s visualizers draw on rank 0 only, so only rank 0\'s share '
+                      f'of the images (about 1 / number of processes) is painted. Run '
+                      f'tools/test.py in one process to paint every image.',
+                      logger='current', level=logging.WARNING)
     if out is not None and out_item in (None, 'pred'):
         world.enable_output_dump(cfg, out)
     if not pin_memory:
