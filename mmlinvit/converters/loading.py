@@ -153,9 +153,13 @@ def load_checkpoint_file(path: str, trust_checkpoint: bool = False) -> StateDict
                 f'checkpoint with its training state?), so the safe '
                 f'torch.load(weights_only=True) refuses it. If you trust the file, pass '
                 f'trust_checkpoint=True (CLI: --trust-checkpoint), or re-save only its '
-                f'weights: the student of a distillation run with '
-                f'tools/model_converters/export_student.py CKPT OUT --trust-checkpoint (or use '
-                f'the student_backbone.pth written by mmlinvit.ExportStudentHook).') from err
+                f'weights once: a release (e.g. the public Adventurer code\'s files, which '
+                f'hold its argparse arguments) with python '
+                f'tools/model_converters/convert_checkpoint.py {path} OUT.pth '
+                f'--trust-checkpoint, then pretrained=OUT.pth; the student of a distillation '
+                f'run with tools/model_converters/export_student.py CKPT OUT --trust-checkpoint '
+                f'(or use the student_backbone.pth written by mmlinvit.ExportStudentHook).'
+                ) from err
         obj = torch.load(path, map_location='cpu', weights_only=False)
     state_dict, _ = _unwrap(obj, repr(path))
     return state_dict

@@ -164,6 +164,9 @@ def test_weights_only_refusal_names_the_fix(tmp_path):
     assert 'trust_checkpoint=True' in str(info.value)
     assert 'argparse.Namespace' in str(info.value)
     assert '--trust-checkpoint' in str(info.value)
+    # the one-time conversion that works for a backbone config's pretrained= (train.py has no
+    # --trust-checkpoint flag)
+    assert f'convert_checkpoint.py {path} OUT.pth --trust-checkpoint' in str(info.value)
     model = VisionTransformer(arch=tiny_arch(), family='dinov2', img_size=56, num_reg_tokens=4)
     before = snapshot(model)
     with pytest.raises(UntrustedCheckpointError):
