@@ -3,16 +3,26 @@
 Torch only.  :class:`PatchMasking` checks a student backbone once (it must provide
 ``forward_tokens(x, patch_mask, mask_token)``), makes the learnable mask token and draws the
 masks.  Each image gets its own random set of ``round(ratio * h * w)`` masked patches of the
-corner-padded ``(h, w)`` patch grid; the draw depends only on ``(seed, step, rank)``, so a
-resumed run that restores ``step`` draws the same masks again.
+corner-padded ``(h, w)`` patch grid; the draw depends only on ``(seed, step, rank)``
+(:func:`mask_stream_seed`), so a resumed run that restores ``step`` draws the same masks again.
+
+``seed`` defaults to the run's seed: ``None`` reads torch's default generator's seed when the
+component is built, which under mmengine is ``randomness.seed`` (the runner seeds before it
+builds the model), so runs with other seeds draw other masks, as MAE's ``random_masking``
+(``torch.rand`` from the seeded global generator) does.  On ``--resume`` ``tools/train.py``
+builds the model under the interrupted run's seed (``meta['seed']`` of the checkpoint, when the
+config sets none: :func:`mmlinvit.engine.resume.resume_randomness`), so with the restored
+``mask_step`` the resumed run draws the interrupted run's masks.  An explicit ``seed=`` fixes
+the masks whatever the run seed.
 
 The mmengine integration, :class:`~mmlinvit.models.distill.DistillationModel`, keeps the mask
 token and the step counter itself (checkpoint keys ``mask_token`` and ``mask_step``) and runs
-this component (its ``patch_masking=dict(ratio=0.75, seed=0)``).
+this component (its ``patch_masking=dict(ratio=0.75)``).
 """
 import inspect
 from typing import Optional
 
+import numpy as np
 import torch
 import torch.nn as nn
 
@@ -21,6 +31,27 @@ from .errors import DistillationConfigError
 
 #: Keys of the ``patch_masking`` config.
 PATCH_MASKING_KEYS = ('ratio', 'seed', 'use_student_mask_token')
+
+#: First spawn-key word of the mask streams: keeps them apart from the other seed domains
+#: derived from the run seed (per-sample augmentation streams, per-rank process streams).
+MASK_STREAM_TAG = 0x6D61736B  # 'mask'
+
+
+def mask_stream_seed(seed: int, step: int, rank: int = 0) -> int:
+    """The 64-bit seed of the masks of ``step`` on ``rank`` in a run whose mask seed is ``seed``.
+
+    ``SeedSequence(seed, spawn_key=(MASK_STREAM_TAG, step, rank))``: every ``(seed, step,
+    rank)`` gets its own stream (the former ``seed * 1_000_003 + step * 1_009 + rank`` gave
+    step ``s`` of rank ``r + 1009`` the masks of step ``s + 1`` of rank ``r``).
+
+    Args:
+        seed: The mask seed (non-negative; taken modulo 2**64).
+        step: Training step (>= 0).
+        rank: Distributed rank (>= 0).
+    """
+    sequence = np.random.SeedSequence(int(seed) % 2**64,
+                                      spawn_key=(MASK_STREAM_TAG, int(step), int(rank)))
+    return int(sequence.generate_state(1, np.uint64)[0])
 
 
 def sample_patch_mask(batch_size: int, num_patches: int, ratio: float, seed: int, step: int,
@@ -31,7 +62,7 @@ def sample_patch_mask(batch_size: int, num_patches: int, ratio: float, seed: int
         batch_size: Number of images B.
         num_patches: Patches per image N.
         ratio: Fraction of the patches masked; ``round(ratio * N)`` per image.
-        seed: Base seed of the run.
+        seed: The mask seed (:attr:`PatchMasking.seed`).
         step: Training step (masks differ from step to step).
         rank: Distributed rank (masks differ from rank to rank).
 
@@ -39,8 +70,7 @@ def sample_patch_mask(batch_size: int, num_patches: int, ratio: float, seed: int
         (B, N) bool, True where a patch is masked.
     """
     num_masked = int(round(ratio * num_patches))
-    generator = torch.Generator().manual_seed(
-        (seed * 1_000_003 + step * 1_009 + rank) % (2**63 - 1))
+    generator = torch.Generator().manual_seed(mask_stream_seed(seed, step, rank))
     noise = torch.rand(batch_size, num_patches, generator=generator)
     masked_idx = noise.argsort(dim=1)[:, :num_masked]
     mask = torch.zeros(batch_size, num_patches, dtype=torch.bool)
@@ -53,7 +83,11 @@ class PatchMasking:
 
     Args:
         ratio: Fraction of the patch tokens replaced by the mask token, in [0, 1).
-        seed: Base seed of the mask draws.
+        seed: Seed of the mask draws; ``None`` (default) takes the run's seed, i.e. torch's
+            default generator's seed when the component is built (under mmengine the run's
+            ``randomness.seed``, as the structured inits'
+            :meth:`~mmlinvit.transfer.base.AttentionInitStrategy.run_seed`); an integer fixes
+            the masks for every run seed.
         use_student_mask_token: Use the student backbone's own ``mask_token`` parameter
             (e.g. Adventurer's, which then trains and is exported with the student) instead
             of a new one owned by the distillation model.
@@ -62,13 +96,18 @@ class PatchMasking:
         DistillationConfigError: when ``ratio`` is outside [0, 1).
     """
 
-    def __init__(self, ratio: float = 0.75, seed: int = 0,
+    def __init__(self, ratio: float = 0.75, seed: Optional[int] = None,
                  use_student_mask_token: bool = False) -> None:
         ratio = float(ratio)
         if not 0.0 <= ratio < 1.0:
             raise DistillationConfigError(f'patch_masking.ratio must be in [0, 1), got {ratio}')
+        if seed is not None and int(seed) < 0:
+            raise DistillationConfigError(f'patch_masking.seed must be >= 0 or None, got {seed}')
         self.ratio = ratio
-        self.seed = int(seed)
+        #: Whether the seed follows the run (``seed=None``) or was fixed in the config.
+        self.seed_from_run = seed is None
+        #: The mask seed, resolved at build time.
+        self.seed = torch.initial_seed() if seed is None else int(seed)
         self.use_student_mask_token = bool(use_student_mask_token)
 
     @classmethod
@@ -161,5 +200,6 @@ class PatchMasking:
         student.forward_tokens(inputs, patch_mask=patch_mask, mask_token=mask_token)
 
     def __repr__(self) -> str:
-        return (f'{type(self).__name__}(ratio={self.ratio}, seed={self.seed}, '
+        seed = f'{self.seed} (run seed)' if self.seed_from_run else self.seed
+        return (f'{type(self).__name__}(ratio={self.ratio}, seed={seed}, '
                 f'use_student_mask_token={self.use_student_mask_token})')

@@ -589,11 +589,12 @@ def add_training_safeguards(cfg: Config) -> Config:
     * mmengine's ``CheckpointHook`` becomes ``mmlinvit.AtomicCheckpointHook`` (a checkpoint
       is written under a temporary name and renamed, old ones are rotated out only after it;
       a resume inside an epoch of an epoch-based loop is warned about);
-    * unless the config sets ``exact_resume = False``: ``mmlinvit.RandomStateHook`` (random
-      states of every rank saved in checkpoints, restored on ``--resume``) and per-sample
-      random streams for the data pipeline (:func:`seed_samples_of_train_loader`); with
-      several processes each rank's own streams (dropout, drop-path) are seeded from
-      (seed, rank) unless ``rank_random_streams = False``;
+    * ``mmlinvit.RandomStateHook``: with several processes each rank's own streams (dropout,
+      drop-path, Mixup) are seeded from (seed, rank) unless ``rank_random_streams = False``;
+      unless the config sets ``exact_resume = False`` it also saves the random states of every
+      rank in checkpoints and restores them on ``--resume``;
+    * unless ``exact_resume = False``: per-sample random streams for the data pipeline
+      (:func:`seed_samples_of_train_loader`);
     * an early error for ``AmpOptimWrapper`` without a device that runs it, and gradient
       accumulation counted by ``auto_scale_lr`` (EMA momentum / checkpoint interval warned):
       :mod:`mmlinvit.engine.accumulation`.
@@ -617,9 +618,11 @@ def add_training_safeguards(cfg: Config) -> Config:
     if isinstance(checkpoint, dict) and checkpoint.get('type') in (
             'CheckpointHook', 'mmengine.CheckpointHook', CheckpointHook):
         checkpoint['type'] = 'mmlinvit.AtomicCheckpointHook'
-    if cfg.get('exact_resume', True):
-        _add_custom_hook(cfg, 'mmlinvit.RandomStateHook',
-                         rank_streams=bool(cfg.get('rank_random_streams', True)))
+    exact = bool(cfg.get('exact_resume', True))
+    # per-rank process streams with any exact_resume; saving / restoring states only with it
+    _add_custom_hook(cfg, 'mmlinvit.RandomStateHook',
+                     rank_streams=bool(cfg.get('rank_random_streams', True)), save_states=exact)
+    if exact:
         seed_samples_of_train_loader(cfg)
     return cfg
 

@@ -14,9 +14,11 @@ to the first ``d`` singular directions for q/k (``W_q^h = L[:, :d]``, ``W_k^h = 
 the best rank-``d`` approximation, since a head has only ``d`` dims) and to all ``C`` for v/proj
 (``W_v = L``, ``W_proj = R^T``: exact).  Targets are drawn in float64 on the CPU (reproducible
 across devices) and split in float32 on the weights' device.  Biases keep the student's (zero)
-initialisation.  Layer ``i`` draws its ``Z`` matrices from
-``torch.Generator().manual_seed(seed + i)`` in the order ``Z_1 .. Z_H, Z_v`` (see
-:func:`mimetic_targets`).
+initialisation.  Layer ``i`` draws its ``Z`` matrices from :func:`layer_generator`
+``(seed, i)``, seeded from ``numpy.random.SeedSequence(seed, spawn_key=(i,))``, in the order
+``Z_1 .. Z_H, Z_v`` (see :func:`mimetic_targets`): every (seed, layer) pair has its own stream
+(the former ``manual_seed(seed + i)`` gave run seed ``s + 1`` the layers of seed ``s`` shifted
+by one).
 
 Nothing is copied from the teacher except what the ``base`` strategy copies (``'random'``:
 nothing, ``'mlp_copy'``: MLPs and their norms); the teacher is still needed for the pairing
@@ -25,6 +27,7 @@ report and the architecture check.
 import math
 from typing import Any, Dict, Optional, Set, Tuple, Union
 
+import numpy as np
 import torch
 
 from mmlinvit.backbones import VisionTransformer
@@ -58,6 +61,20 @@ def mimetic_targets(embed_dims: int, num_heads: int, alpha: float, beta: float,
     return qk, v_alpha * z_v - v_beta * eye
 
 
+def layer_generator(seed: int, layer: int) -> torch.Generator:
+    """The CPU generator layer ``layer`` draws its targets from, for the strategy seed ``seed``.
+
+    Seeded (64 bits) from ``numpy.random.SeedSequence(seed, spawn_key=(layer,))``, i.e. the
+    ``layer``-th child of the seed's sequence: no two (seed, layer) pairs share a stream.
+
+    Args:
+        seed: The strategy's seed (taken modulo 2**64).
+        layer: Block index.
+    """
+    sequence = np.random.SeedSequence(int(seed) % 2**64, spawn_key=(int(layer),))
+    return torch.Generator().manual_seed(int(sequence.generate_state(1, np.uint64)[0]))
+
+
 def split_low_rank(target: torch.Tensor, rank: int) -> Tuple[torch.Tensor, torch.Tensor]:
     """``(L, R)``, each (C, rank), with ``L @ R.T`` the best rank-``rank`` approximation.
 
@@ -80,8 +97,8 @@ class MimeticInit(AttentionInitStrategy):
         beta: Identity weight of ``W_q W_k^T`` (paper: 0.7).
         v_alpha: Noise weight of ``W_v W_proj`` (paper: 0.4).
         v_beta: Identity weight subtracted in ``W_v W_proj`` (paper: 0.4).
-        seed: Layer ``i`` uses ``seed + i``; ``None`` (default) takes the run's seed
-            (:meth:`run_seed`).
+        seed: Layer ``i`` draws from :func:`layer_generator` ``(seed, i)``; ``None``
+            (default) takes the run's seed (:meth:`run_seed`).
         base: Copy strategy applied first (``'random'`` or ``'mlp_copy'``).
     """
 
@@ -109,7 +126,7 @@ class MimeticInit(AttentionInitStrategy):
         for i, block in enumerate(student.blocks):
             attn = block.attn
             d = attn.head_dims
-            gen = torch.Generator().manual_seed(seed + i)
+            gen = layer_generator(seed, i)
             qk, vo = mimetic_targets(c, heads, self.alpha, self.beta, self.v_alpha, self.v_beta,
                                      gen)
             # The SVDs run in float32 on the weights' device (a GPU makes ViT-L instant).

@@ -6,6 +6,7 @@ The model-level behaviour (gradients, records, losses) is in ``test_distillation
 here each component is checked on its own (the torch-only ones without OpenMMLab) and through
 the model config keys users write.
 """
+import numpy as np
 import pytest
 import torch
 import torch.nn as nn
@@ -167,10 +168,13 @@ def _blocks_without_forward_attn() -> nn.Module:
 
 # ---------------------------------------------------------------- patch masking
 def reference_masks(batch, num_patches, ratio, seed, step, rank):
-    """The mask stream of the Linearizer runs so far, written out here: resumed runs must
-    draw exactly the masks their first part would have drawn."""
+    """The mask stream of the Linearizer runs, written out here: resumed runs must draw
+    exactly the masks their first part would have drawn.  (Since the audit s11 seeding F1 fix:
+    SeedSequence(seed, spawn_key=('mask' tag, step, rank)); the former linear formula
+    ``seed * 1_000_003 + step * 1_009 + rank`` aliased (step, rank + 1009) with (step + 1, rank).)"""
     generator = torch.Generator()
-    generator.manual_seed((seed * 1_000_003 + step * 1_009 + rank) % (2**63 - 1))
+    generator.manual_seed(int(np.random.SeedSequence(
+        seed, spawn_key=(0x6D61736B, step, rank)).generate_state(1, np.uint64)[0]))
     order = torch.rand(batch, num_patches, generator=generator).argsort(dim=1)
     keep = int(round(ratio * num_patches))
     mask = torch.zeros(batch, num_patches, dtype=torch.bool)

@@ -7,7 +7,11 @@ that ``../shared/reference/algorithms.md`` lists: osiriszjq/structured_init (Zhe
 ``mimetic`` entry of ``tests/fixtures/hedgehog_mimetic_official_reference.pt`` (written by
 ``tests/fixtures/make_hedgehog_mimetic_references.py``) holds that model's ``qkv`` / ``proj``
 weights for C = 32, 2 heads, depth 2, built with its noise draws replaced by the exact matrices
-mmlinvit draws for ``seed=7`` (stored as ``z``), so the two can be compared weight by weight.
+mmlinvit drew for ``seed=7`` when it was written (stored as ``z``; layer i from
+``manual_seed(7 + i)``, the per-layer seeding before the audit s11 F2 fix), so the two can be
+compared weight by weight: the student below is initialised with those per-layer generators
+(``mmlinvit.transfer.mimetic.layer_generator`` patched; what is compared is the algorithm given
+the noise, not the seeding, which ``test_mimetic_seeds.py`` covers).
 
 Agreement (asserted): the same per-head q.k targets ``0.7 Z_h + 0.7 I`` (one fresh C x C target
 per head), the same split (SVD, ``U sqrt(S)`` / ``V sqrt(S)`` truncated to the head's d
@@ -39,11 +43,13 @@ student's zeros) and the draw order / generator (numpy's global state there; her
 matrices are fed to both).
 """
 
+from unittest import mock
+
 import pytest
 import torch
 
 from mmlinvit.backbones import VisionTransformer
-from mmlinvit.transfer import mimetic_targets, transfer_weights
+from mmlinvit.transfer import mimetic, mimetic_targets, transfer_weights
 from official_golden import load_generator, load_golden
 
 TOL = 1e-5
@@ -63,14 +69,20 @@ def golden() -> dict:
     return load_golden('hedgehog_mimetic_official_reference.pt')['mimetic']
 
 
+def golden_layer_generator(seed: int, layer: int) -> torch.Generator:
+    """The per-layer generators the golden noise ``z`` was drawn from."""
+    return torch.Generator().manual_seed(seed + layer)
+
+
 @pytest.fixture(scope='module')
 def student(golden) -> VisionTransformer:
-    """mmlinvit's Mimetic init with its defaults (alpha, beta, v_alpha, v_beta) and the seed of
-    the golden file."""
+    """mmlinvit's Mimetic init with its defaults (alpha, beta, v_alpha, v_beta), the seed of
+    the golden file and the golden file's per-layer generators."""
     torch.manual_seed(0)
     teacher = VisionTransformer(ARCH, **COMMON)
     model = VisionTransformer(ARCH, attn_cfg='elu', **COMMON)
-    report = transfer_weights(model, teacher, 'mimetic', seed=golden['config']['seed'])
+    with mock.patch.object(mimetic, 'layer_generator', golden_layer_generator):
+        report = transfer_weights(model, teacher, 'mimetic', seed=golden['config']['seed'])
     cfg = golden['config']
     assert report.options['alpha'] == cfg['alpha'] and report.options['beta'] == cfg['beta']
     assert report.options['v_alpha'] == cfg['v_alpha']
@@ -119,12 +131,13 @@ def column_signs(got: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
 
 # ---------------------------------------------------------------------- inputs
 def test_golden_noise_is_what_mmlinvit_draws(golden):
-    """The matrices fed to the official code are mmlinvit's own draws for this seed, so the
-    comparisons below use the same Z on both sides."""
+    """The matrices fed to the official code are mmlinvit's draws (:func:`mimetic_targets`)
+    from the generators the student is initialised with, so the comparisons below use the same
+    Z on both sides."""
     cfg = golden['config']
     eye = torch.eye(C, dtype=torch.float64)
     for i in range(DEPTH):
-        gen = torch.Generator().manual_seed(cfg['seed'] + i)
+        gen = golden_layer_generator(cfg['seed'], i)
         qk, vo = mimetic_targets(C, HEADS, cfg['alpha'], cfg['beta'], cfg['v_alpha'],
                                  cfg['v_beta'], gen)
         for h in range(HEADS):

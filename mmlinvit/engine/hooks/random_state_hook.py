@@ -23,6 +23,11 @@ from .checkpoint_schedule import checkpoint_due
 #: Key of the random states in a runner checkpoint.
 CHECKPOINT_KEY = 'mmlinvit_random_states'
 
+#: First spawn-key word of the per-rank process streams: keeps their seeds apart from the
+#: per-sample augmentation seeds (:func:`mmlinvit.engine.sample_seeding.sample_seed`, which
+#: ``rank_stream_seed(seed, r)`` equalled for epoch ``r``, position 0) and the patch masks.
+RANK_STREAM_TAG = 0x72616E6B  # 'rank'
+
 
 def capture_random_state() -> Dict[str, Any]:
     """This process' python / numpy / torch (CPU, current CUDA device) generator states."""
@@ -61,22 +66,33 @@ class RandomStateHook(Hook):
     * ``after_load_checkpoint`` + the first ``before_train_iter`` of a resumed run: each rank
       gets its state back, right where the interrupted run would have continued.
     * the first ``before_train_iter`` of a run that is not resumed, with several processes:
-      each rank's streams are re-seeded from (run seed, rank), so that dropout, drop-path,
-      Mixup / CutMix draws differ between ranks, as the official DeiT / DINOv2 / Adventurer /
-      timm code seeds ``seed + rank`` (mmengine's shared seed made every rank draw the same
-      masks for its part of the batch; its ``diff_rank_seed`` also reseeds the sampler, whose
-      data order then cannot be reproduced).  The data order and the per-sample augmentation
-      streams keep the shared seed.
+      each rank's streams are re-seeded from (run seed, rank) (:func:`rank_stream_seed`), so
+      that dropout, drop-path, Mixup / CutMix draws differ between ranks, as the official DeiT /
+      DINOv2 / Adventurer / timm code seeds ``seed + rank`` (mmengine's shared seed made every
+      rank draw the same masks for its part of the batch; its ``diff_rank_seed`` also reseeds
+      the sampler, whose data order then cannot be reproduced).  The data order and the
+      per-sample augmentation streams keep the shared seed.
+    * the first ``before_train_iter`` of a resumed run whose checkpoint holds no state for this
+      rank (written without this hook, by another number of processes, or a ``save_best``
+      checkpoint of a multi-process run): a warning, and this rank's streams are seeded from
+      (run seed, rank, resumed iteration), with any number of processes, so the ranks still
+      draw differently and the resumed part does not replay the streams of iteration 1 (mmengine
+      re-seeded every rank with the run seed).
 
     Args:
         rank_streams: Re-seed the process streams per rank (above); ``False`` keeps mmengine's
             identical streams on every rank (config key ``rank_random_streams = False``).
+        save_states: Save the states in checkpoints, restore them on resume and give the data
+            loaders private generators (``exact_resume``); ``False`` only seeds the rank
+            streams at the first iteration of every run, fresh or resumed (from (run seed,
+            rank, iteration)), for configs with ``exact_resume = False``.
     """
 
     priority = 'ABOVE_NORMAL'
 
-    def __init__(self, rank_streams: bool = True) -> None:
+    def __init__(self, rank_streams: bool = True, save_states: bool = True) -> None:
         self.rank_streams = rank_streams
+        self.save_states = save_states
         self._gathered: Optional[Tuple[Tuple[int, int], List[Dict[str, Any]]]] = None
         self._pending: Optional[Dict[str, Any]] = None
         self._pending_iter: Optional[int] = None
@@ -85,6 +101,8 @@ class RandomStateHook(Hook):
     # ------------------------------------------------------------------ data loaders
     def before_train(self, runner) -> None:
         """Gives the train / val loaders private generators for their workers' base seeds."""
+        if not self.save_states:
+            return
         loaders = [runner.train_dataloader]
         val_loop = runner.val_loop  # built by Runner.train() before this stage
         if val_loop is not None and hasattr(val_loop, 'dataloader'):
@@ -96,7 +114,7 @@ class RandomStateHook(Hook):
     # ------------------------------------------------------------------ saving
     def _gather_if_saving(self, runner, stage: str) -> None:
         _, world_size = get_dist_info()
-        if world_size > 1 and checkpoint_due(runner, stage):
+        if self.save_states and world_size > 1 and checkpoint_due(runner, stage):
             self._gathered = ((runner.epoch, runner.iter), all_gather_object(
                 capture_random_state()))
 
@@ -114,6 +132,8 @@ class RandomStateHook(Hook):
 
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
         """Stores the states of every rank (``None`` for ranks not gathered at this step)."""
+        if not self.save_states:
+            return
         _, world_size = get_dist_info()
         if world_size == 1:
             states: List[Optional[Dict[str, Any]]] = [capture_random_state()]
@@ -126,6 +146,8 @@ class RandomStateHook(Hook):
     # ------------------------------------------------------------------ resuming
     def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
         """Keeps the states of a loaded checkpoint until the first resumed iteration."""
+        if not self.save_states:
+            return
         self._pending = checkpoint.get(CHECKPOINT_KEY)
         self._pending_iter = checkpoint.get('meta', {}).get('iter')
         if self._pending is None:
@@ -133,7 +155,8 @@ class RandomStateHook(Hook):
 
     def before_train_iter(self, runner, batch_idx: int, data_batch: Any = None) -> None:
         """Restores this rank's state at the first iteration after a resume; at the first
-        iteration of a fresh multi-process run, seeds this rank's own streams."""
+        iteration of a fresh multi-process run, or of a resumed run without this rank's state,
+        seeds this rank's own streams."""
         first, self._started = not self._started, True
         pending, self._pending = self._pending, None
         resumed = (pending is not None and self._pending_iter is not None
@@ -141,42 +164,58 @@ class RandomStateHook(Hook):
         if first and not resumed and self.rank_streams:
             self._seed_rank_streams(runner)
         if not resumed:
-            return  # a fresh run, or load_from (fine-tuning from a checkpoint)
-        if pending.get('missing'):
-            print_log('The resumed checkpoint has no random states (written without '
-                      'mmlinvit.RandomStateHook): dropout, drop-path and other random draws '
-                      'of the model differ from an uninterrupted run from here on.',
-                      logger='current', level=logging.WARNING)
-            return
+            return  # a fresh run, load_from (fine-tuning from a checkpoint), or no save_states
         rank, world_size = get_dist_info()
-        states = pending['states']
-        if pending['world_size'] != world_size or states[rank] is None:
-            print_log(f'The resumed checkpoint holds the random states of '
-                      f'{pending["world_size"]} process(es), not of rank {rank} of '
-                      f'{world_size}: its random draws restart from the seed.',
-                      logger='current', level=logging.WARNING)
+        if pending.get('missing'):
+            why = ('The resumed checkpoint has no random states (written without '
+                   'mmlinvit.RandomStateHook)')
+        elif pending['world_size'] != world_size or pending['states'][rank] is None:
+            why = (f'The resumed checkpoint holds the random states of '
+                   f'{pending["world_size"]} process(es), not of rank {rank} of {world_size}')
+        else:
+            restore_random_state(pending['states'][rank])
             return
-        restore_random_state(states[rank])
+        if self.rank_streams:
+            seed = self._seed_rank_streams(runner, any_world_size=True)
+            then = (f'the random streams of rank {rank} are seeded with {seed} from (run seed '
+                    f'{runner.seed}, rank {rank}, iteration {runner.iter}) instead')
+        else:
+            then = 'its random draws restart from the run seed (rank_random_streams = False)'
+        print_log(f'{why}: {then}; dropout, drop-path and other random draws of the model '
+                  f'differ from an uninterrupted run from here on.',
+                  logger='current', level=logging.WARNING)
 
     @staticmethod
-    def _seed_rank_streams(runner) -> None:
+    def _seed_rank_streams(runner, any_world_size: bool = False) -> Optional[int]:
+        """Seeds this rank's python / numpy / torch streams from (run seed, rank, iteration);
+        with one process only when ``any_world_size``.  Returns the seed (None: not seeded)."""
         rank, world_size = get_dist_info()
-        if world_size == 1:
-            return
-        seed = rank_stream_seed(int(runner.seed), rank)
+        if world_size == 1 and not any_world_size:
+            return None
+        seed = rank_stream_seed(int(runner.seed), rank, int(runner.iter))
         random.seed(seed)
         np.random.seed(seed)
         torch.manual_seed(seed)  # CPU and every CUDA device
         print_log(f'Random streams of rank {rank} seeded with {seed} (run seed {runner.seed}, '
-                  f'rank {rank}); data order and augmentation keep the run seed',
-                  logger='current')
+                  f'rank {rank}, iteration {runner.iter}); data order and augmentation keep '
+                  f'the run seed', logger='current')
+        return seed
 
 
-def rank_stream_seed(seed: int, rank: int) -> int:
-    """The 32-bit seed of rank ``rank``'s process streams in a run seeded with ``seed``.
+def rank_stream_seed(seed: int, rank: int, iteration: int = 0) -> int:
+    """The 32-bit seed of rank ``rank``'s process streams in a run seeded with ``seed``, from
+    iteration ``iteration`` on (0: a fresh run; else a resumed one without saved states).
+
+    ``SeedSequence(seed, spawn_key=(RANK_STREAM_TAG, rank, iteration))``: a domain of its own,
+    apart from the per-sample seeds ``SeedSequence([seed, epoch, position])`` (the former
+    ``SeedSequence([seed, rank])`` equalled the seed of sample 0 of epoch ``rank``, numpy
+    ignoring trailing zero words).
 
     Args:
-        seed: The run seed.
+        seed: The run seed (taken modulo 2**64).
         rank: The process rank.
+        iteration: The iteration the streams start at.
     """
-    return int(np.random.SeedSequence([seed % 2**32, rank]).generate_state(1)[0])
+    sequence = np.random.SeedSequence(int(seed) % 2**64,
+                                      spawn_key=(RANK_STREAM_TAG, int(rank), int(iteration)))
+    return int(sequence.generate_state(1)[0])
