@@ -14,6 +14,13 @@ Examples::
     python tools/linearize.py deit_base.pth out.pth --operator elu --strategy impulse \
         --student-no-cls --student-pos-embed sincos --strategy-arg window=5
 
+The student takes the teacher's structure (tokens, position embedding, patch, LayerScale,
+``pre_norm``, final norm: a file without ``norm.*``, e.g. an MAE fine-tuned release, gives
+``final_norm=False``); MHLA / TTT students take their papers' setting instead (no class
+token, no register tokens, sin-cos positions, average pooling; ``--student-no-cls``,
+``--student-pos-embed`` and ``--student-reg-tokens`` set these explicitly).  The teacher must
+hold softmax-attention weights: a linearized student's file is refused.
+
 The output checkpoint is ``dict(state_dict=..., meta=dict(operators, strategy, report,
 student_cfg, teacher))``; rebuild the student with
 ``VisionTransformer(**meta['student_cfg']).load_state_dict(ckpt['state_dict'], strict=True)``.
@@ -82,6 +89,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                              "TTT and the impulse init need")
     parser.add_argument('--student-pos-embed', default=None, choices=('learned', 'sincos', 'none'),
                         help="student position embedding (default: the teacher's)")
+    parser.add_argument('--student-reg-tokens', type=int, default=None, metavar='N',
+                        help="student register tokens (default: the teacher's, but 0 for "
+                             "MHLA / TTT, whose paper setting has no prefix tokens)")
     parser.add_argument('--seed', type=int, default=0, help='seed of the student initialisation')
     parser.add_argument('--report', default=None,
                         help='JSON report path (default: OUT_CKPT with a .json extension)')
@@ -166,12 +176,16 @@ def parse_strategy_args(items: List[str]) -> Dict[str, Any]:
 
 
 def teacher_structure(state_dict: Dict[str, torch.Tensor]) -> Dict[str, Any]:
-    """Constructor options the checkpoint itself fixes (tokens, position embedding, patch)."""
+    """Constructor options the checkpoint itself fixes (tokens, position embedding, patch,
+    and ``final_norm=False`` for a file without a final norm, e.g. an MAE fine-tuned
+    release, whose global-pool ``fc_norm`` belongs to the classifier)."""
     structure = dict(
         with_cls_token='cls_token' in state_dict,
         num_reg_tokens=int(state_dict['reg_token'].shape[1]) if 'reg_token' in state_dict else 0,
         with_mask_token='mask_token' in state_dict,
         pos_embed_type='learned' if 'pos_embed' in state_dict else 'sincos')
+    if 'norm.weight' not in state_dict and 'blocks.0.norm1.weight' in state_dict:
+        structure['final_norm'] = False
     patch = state_dict.get('patch_embed.proj.weight')
     if patch is not None and patch.ndim == 4:
         structure['patch_size'] = int(patch.shape[-1])
@@ -190,6 +204,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     strategy_options = parse_strategy_args(args.strategy_arg)
     arch = _parse_json_or_name(args.arch)
     check_names(attn_cfg, args.strategy, arch, args.family)
+    if args.student_reg_tokens is not None and args.student_reg_tokens < 0:
+        usage_error(f'--student-reg-tokens must be 0 or more, got {args.student_reg_tokens}')
     parameters = inspect.signature(TRANSFER_STRATEGIES.get(
         args.strategy.removeprefix('mmlinvit.')).__init__).parameters.values()
     accepted = [p.name for p in parameters if p.name != 'self' and p.kind != p.VAR_KEYWORD]
@@ -229,7 +245,24 @@ def main(argv: Optional[List[str]] = None) -> int:
     except TrainingRecordMismatchError as err:
         print(f'error: {err}', file=sys.stderr)
         return 1
-    teacher.load_state_dict(state_dict, strict=True)
+    non_softmax = (set(decode_names(state_dict['block_operators'])) - {'softmax'}
+                   if isinstance(state_dict.get('block_operators'), torch.Tensor) else set())
+    if non_softmax:  # a linearized student given as the teacher
+        print(f'error: {args.teacher_ckpt}: the teacher must hold softmax-attention weights, but '
+              f'the checkpoint records attention operators {sorted(non_softmax)} (a linearized '
+              f'student, e.g. a tools/linearize.py output or a trained student?): give the '
+              f'softmax model it was linearized from.', file=sys.stderr)
+        return 1
+    try:
+        teacher.load_state_dict(state_dict, strict=True)
+    except (TrainingRecordMismatchError, RuntimeError) as err:
+        print(f'error: {args.teacher_ckpt}: {err}', file=sys.stderr)
+        return 1
+    if structure.get('final_norm') is False:
+        print(f'note: {args.teacher_ckpt} has no final norm (norm.weight / norm.bias; e.g. an '
+              f'MAE fine-tuned release, whose fc_norm belongs to the classifier): teacher and '
+              f'student are built with final_norm=False (recorded in the student_cfg).',
+              file=sys.stderr)
 
     student_cfg = dict(teacher_cfg, attn_cfg=attn_cfg)
     if args.img_size is not None:
@@ -238,12 +271,27 @@ def main(argv: Optional[List[str]] = None) -> int:
         grid = [side * teacher.patch_size for side in teacher.pos_grid]
         student_cfg['img_size'] = grid[0] if grid[0] == grid[1] else grid
     layer_operators = attn_cfg if isinstance(attn_cfg, (list, tuple)) else [attn_cfg]
-    if declared_setting(layer_operators):
+    declared = declared_setting(layer_operators)
+    if declared:
         # MHLA / TTT: the teacher's class token / learned positions are not given to the
         # student, whose backbone then takes the operators' paper setting (and warns so)
         # unless the flags below set them.
         for key in ('with_cls_token', 'pos_embed_type', 'out_type'):
             student_cfg[key] = None
+        if student_cfg['num_reg_tokens'] and args.student_reg_tokens is None:
+            # the paper setting has no prefix tokens: the teacher's registers are dropped too
+            operators = sorted({name for _, names in declared.values() for name in names})
+            print(f'warning: the teacher has {student_cfg["num_reg_tokens"]} register tokens; '
+                  f'the {operators} student takes the operators\' paper setting, which has no '
+                  f'prefix tokens, so it is built with num_reg_tokens=0 (--student-reg-tokens '
+                  f'{student_cfg["num_reg_tokens"]} keeps them).', file=sys.stderr)
+            student_cfg['num_reg_tokens'] = 0
+    if args.student_reg_tokens is not None:
+        student_cfg['num_reg_tokens'] = args.student_reg_tokens
+    if student_cfg['num_reg_tokens'] != teacher_cfg['num_reg_tokens']:
+        # a family's default position interpolation follows the register count (DINOv2):
+        # the student keeps the teacher's
+        student_cfg['pos_interp'] = teacher.pos_interp
     if args.student_no_cls:
         student_cfg.update(with_cls_token=False, out_type='avg_featmap')
     if args.student_pos_embed is not None:
@@ -251,7 +299,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     torch.manual_seed(args.seed)
     student = VisionTransformer(**student_cfg)
 
-    report = transfer_weights(student, teacher, args.strategy, **strategy_options)
+    try:
+        report = transfer_weights(student, teacher, args.strategy, **strategy_options)
+    except ValueError as err:  # a strategy that cannot be applied to this student
+        print(f'error: {err}', file=sys.stderr)
+        return 1
     operators = student.attn_cfgs
     teacher_meta = dict(checkpoint=os.path.abspath(args.teacher_ckpt),
                         layout=conversion.source_layout,

@@ -11,8 +11,17 @@ with a learned student grid of another size (resampled with the student's ``pos_
 and its class position is dropped when the student has no class token; such copies are listed
 in :attr:`TransferReport.adapted`.  Any other key present on both sides with different shapes
 is an architecture mismatch and raises.
+
+Tokens and a learned position grid the student is built without (``cls_token``,
+``reg_token``, ``mask_token``, ``pos_embed``) are listed in
+:attr:`TransferReport.no_counterpart`.  Any other teacher tensor the strategy would copy
+but the student has no place for (LayerScale ``ls1`` / ``ls2.gamma``, CLIP's ``pre_norm``,
+the final ``norm``, a bias), and any student LayerScale / ``pre_norm`` / final ``norm`` the
+strategy would copy but the teacher lacks, is refused (:func:`check_transfer_structure`):
+the copied weights would compute another function than the teacher's.
 """
 import dataclasses
+import re
 from typing import Any, Dict, Mapping, Optional, Set, Tuple, Union
 
 import torch
@@ -346,6 +355,117 @@ def pair_state_dicts(student: VisionTransformer, teacher: TeacherLike
     return counterparts, adapted, no_counterpart
 
 
+#: Teacher keys a student may lack on purpose (it is built without that token or without a
+#: learned position grid); every other teacher tensor takes part in the computation of the
+#: tensors around it.
+_TOKEN_KEYS = frozenset({'cls_token', 'reg_token', 'mask_token', 'pos_embed'})
+#: Student tensors that change the function of the tensors copied around them when the
+#: teacher lacks them (LayerScale, CLIP's ``pre_norm``, the final norm).
+_STRUCTURAL_STUDENT_KEY = re.compile(
+    r'^(blocks\.\d+\.ls[12]\.gamma|(pre_norm|norm)\.(weight|bias))$')
+_LAYER_SCALE_KEY = re.compile(r'^blocks\.\d+\.ls[12]\.gamma$')
+
+
+class TransferStructureError(ValueError):
+    """The strategy would copy tensors whose neighbours the teacher and student do not share:
+    the copied weights would compute another function than the teacher's."""
+
+
+def _structure_hint(key: str, teacher_side: bool) -> str:
+    """The student option that gives ``key`` a place (``teacher_side``) or removes it."""
+    if _LAYER_SCALE_KEY.match(key):
+        return ('LayerScale: build the student with the teacher\'s family (deit3 / dinov2 have '
+                'LayerScale) or layer_scale_init=<float>' if teacher_side else
+                'LayerScale: the teacher has none; build the student with '
+                'layer_scale_init=None (or the teacher\'s family, e.g. deit)')
+    if key.startswith('pre_norm.'):
+        return ('pre_norm: build the student with pre_norm=True (CLIP\'s ln_pre; family '
+                '\'clip\')' if teacher_side else
+                'pre_norm: the teacher has none; build the student with pre_norm=False')
+    if key.startswith('norm.'):
+        return ('final norm: build the student with final_norm=True' if teacher_side else
+                'final norm: the teacher has none (e.g. an MAE fine-tuned release); build the '
+                'student with final_norm=False')
+    if key.endswith('.bias'):
+        return (f'{key}: build the student with that bias (qkv_bias / patch_bias / the '
+                f'teacher\'s family)')
+    return (f'{key}: build the student with the teacher\'s arch / family / mlp_type, or give a '
+            f'canonical state dict (mmlinvit.converters.convert_state_dict(state_dict, '
+            f'layout="auto"))')
+
+
+def unplaced_tensors(student: VisionTransformer, teacher: TeacherLike,
+                     strategy: Union[str, dict, 'TransferStrategy']) -> Tuple[Set[str], Set[str]]:
+    """Tensors that make the strategy's copy compute another function than the teacher's.
+
+    ``(teacher_keys, student_keys)``: teacher tensors the strategy would copy but the student
+    has no place for (other than the tokens and position grid a student may lack on purpose:
+    ``cls_token``, ``reg_token``, ``mask_token``, ``pos_embed``), e.g. the teacher's
+    LayerScale ``blocks.i.ls2.gamma`` under MLPCopy for a student without LayerScale (its
+    copied MLP branch would run at 1/gamma of the teacher's), CLIP's ``pre_norm`` under
+    FullCopy; and student LayerScale / ``pre_norm`` / final ``norm`` tensors the strategy would
+    copy but the teacher lacks (they would keep their initialisation, e.g. gamma = 1e-6).
+
+    Args:
+        student: The student backbone.
+        teacher: Teacher backbone or canonical state dict.
+        strategy: The strategy (name, config dict or instance).
+    """
+    strat = build_transfer_strategy(strategy)
+    teacher_keys = set(_teacher_state(teacher)[0])
+    student_keys = set(student_weights(student))
+    teacher_only = {k for k in teacher_keys - student_keys
+                    if k not in _TOKEN_KEYS and strat.selects(k)}
+    student_only = {k for k in student_keys - teacher_keys
+                    if _STRUCTURAL_STUDENT_KEY.match(k) and strat.selects(k)}
+    return teacher_only, student_only
+
+
+def _numbered(keys: Set[str]) -> str:
+    shown = sorted(keys)
+    return ', '.join(shown[:8]) + (f', ... ({len(shown)} in all)' if len(shown) > 8 else '')
+
+
+def check_transfer_structure(student: VisionTransformer, teacher: TeacherLike,
+                             strategy: Union[str, dict, 'TransferStrategy']) -> None:
+    """Refuses a transfer whose copied tensors would compute another function than the
+    teacher's because a tensor around them exists on one side only (see
+    :func:`unplaced_tensors`); the message names the tensors and the student option that
+    makes the two structures agree.  Nothing is written.
+
+    Raises:
+        TransferStructureError: naming the tensors and the fix.
+    """
+    strat = build_transfer_strategy(strategy)
+    teacher_only, student_only = unplaced_tensors(student, teacher, strat)
+    if not teacher_only and not student_only:
+        return
+    parts = []
+    if teacher_only:
+        parts.append(f'teacher tensors with no place in the student: {_numbered(teacher_only)}')
+    if student_only:
+        parts.append(f'student tensors the teacher does not have (they would keep their '
+                     f'initialisation): {_numbered(student_only)}')
+    hints = sorted({_structure_hint(k, True) for k in teacher_only} |
+                   {_structure_hint(k, False) for k in student_only})
+    layer_scale = any(_LAYER_SCALE_KEY.match(k) for k in teacher_only | student_only)
+    opt_out = ''
+    if layer_scale and strat.name != 'full_copy':
+        opt_out = (" To leave the LayerScale out of the transfer on purpose (the copied MLP "
+                   "branch then runs at the student's own scale), pass include_layer_scale="
+                   "False to mlp_copy: weight_transfer=dict(type='mlp_copy', "
+                   "include_layer_scale=False), base=dict(type='mlp_copy', "
+                   "include_layer_scale=False) for mimetic / impulse, or --strategy-arg "
+                   "include_layer_scale=false (mlp_copy) in tools/linearize.py.")
+    example = (' (a copied MLP branch without the teacher\'s LayerScale gamma runs at 1/gamma '
+               'of the teacher\'s; under a student gamma the teacher lacks, at gamma times it)'
+               if layer_scale else '')
+    raise TransferStructureError(
+        f'Strategy {strat.name!r} would copy weights whose surrounding structure teacher and '
+        f'student do not share, so they would compute another function than the '
+        f'teacher\'s{example}: {"; ".join(parts)}. Fix: {"; ".join(hints)}.{opt_out}')
+
+
 def student_weights(student: VisionTransformer, keep_vars: bool = False
                     ) -> Dict[str, torch.Tensor]:
     """The student's state dict without its training records (``block_operators`` says
@@ -377,6 +497,10 @@ def transfer_weights(student: VisionTransformer,
         ValueError: Incompatible teacher / student, a strategy that cannot be applied to
             an operator of the student, or a teacher module built with ``pretrained=`` whose
             weights were never loaded (raised before anything is written).
+        TransferStructureError: (a ``ValueError``) the strategy would copy tensors whose
+            LayerScale / ``pre_norm`` / final norm / bias exists on one side only, so the copy
+            would compute another function than the teacher's (:func:`unplaced_tensors`;
+            raised before anything is written, naming the student option that fixes it).
     """
     if not isinstance(student, VisionTransformer):
         raise TypeError('The student must be a mmlinvit VisionTransformer, got '
@@ -392,6 +516,7 @@ def transfer_weights(student: VisionTransformer,
     strat = build_transfer_strategy(strategy, **kwargs)
     counterparts, adapted, no_counterpart = pair_state_dicts(student, teacher_or_state_dict)
     strat.check(student)
+    check_transfer_structure(student, teacher_or_state_dict, strat)
 
     report = TransferReport(strategy=strat.name, options=strat.options())
     report.no_counterpart = no_counterpart

@@ -14,9 +14,15 @@ of the student keeps its own initialisation.  Per block, the canonical keys are 
                teacher's branch.  Patch embedding, class token and position embedding stay
                random, as in the paper (whose DeiT / MAE teachers have no LayerScale).
                ``include_layer_scale=False`` leaves the gamma at its initialisation.
+               A LayerScale on one side only (a DeiT-III teacher, a DeiT student) is
+               refused (:func:`.base.check_transfer_structure`) unless
+               ``include_layer_scale=False`` leaves it out on purpose.
 ``full_copy``  every tensor with a counterpart: patch embedding, class / register
                tokens, position embedding, ``pre_norm``, ``norm1``/``norm2``, QKV,
-               output projection, LayerScale, MLP and the final ``norm``.
+               output projection, LayerScale, MLP and the final ``norm``.  A teacher
+               LayerScale / ``pre_norm`` / final ``norm`` / bias the student lacks (or a
+               student one the teacher lacks) is refused, so a softmax student starts as
+               the teacher.
 =============  =====================================================================
 """
 import re
@@ -56,7 +62,9 @@ class MLPCopy(TransferStrategy):
     Args:
         include_layer_scale: Also copy ``ls2.gamma`` (the MLP branch's LayerScale) where the
             teacher has it; without it the copied MLP keeps the student's initial gamma and
-            its branch is scaled down by that (1e-5 for DINOv2).
+            its branch is scaled down by that (1e-5 for DINOv2).  With ``True`` a LayerScale
+            on one side only is refused (the copied branch would be 1/gamma or gamma times
+            the teacher's); ``False`` leaves LayerScale out of the transfer on purpose.
     """
 
     name = 'mlp_copy'

@@ -124,6 +124,15 @@ def shrink_config(cfg, data_root: str, work_dir: str, max_epochs: int = 1,
         _shrink_backbone(model.backbone, tiny_arch(), student_ckpt)
         model.head.in_channels = 16
     with_label = 'head' in model or ('student' in model and 'head' in model.student)
+    folder = osp.join(data_root, 'train')
+    if with_label and osp.isdir(folder):  # the head classifies the folder's classes
+        num_classes = len(os.listdir(folder))
+        task = model.student if 'student' in model and 'head' in model.student else model
+        task.head.num_classes = num_classes
+        for owner in (model, task):
+            pre = owner.get('data_preprocessor', None)
+            if isinstance(pre, dict) and 'num_classes' in pre:
+                pre.num_classes = num_classes
     cfg.train_dataloader.batch_size = 2
     cfg.train_dataloader.num_workers = 0
     cfg.train_dataloader.persistent_workers = False

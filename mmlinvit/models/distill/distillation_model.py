@@ -40,12 +40,15 @@ from mmengine.dist import get_rank
 from mmengine.logging import print_log
 from mmengine.model import BaseModel
 
+from mmlinvit.backbones import VisionTransformer
 from mmlinvit.backbones.base import TokenBackbone
 from mmlinvit.distill.patch_masking import PatchMasking
 from mmlinvit.distill.teacher_forcing import TeacherForcing
 from mmlinvit.registry import MODELS
-from mmlinvit.transfer import build_transfer_strategy, transfer_weights
-from .clip_input_stats import warn_clip_stats_for_other_teacher
+from mmlinvit.transfer import (TransferStructureError, build_transfer_strategy,
+                               check_transfer_structure, transfer_weights)
+from .clip_input_stats import (warn_clip_stats_for_other_teacher,
+                               warn_clip_teacher_without_clip_stats)
 from .errors import DistillationConfigError
 from .input_specs import InputSpec, token_layout
 from .recorders import attach_recorders, recording
@@ -92,8 +95,9 @@ class DistillationModel(BaseModel):
             teacher's input of block i instead of the student's own forward (AdaLA Stage 1;
             :class:`~mmlinvit.distill.teacher_forcing.TeacherForcing`).  Student and teacher
             need the same number of blocks.
-        patch_masking: ``dict(ratio=0.75, seed=0)``: a learnable mask token replaces that
-            ratio of the student's patch tokens, sampled per image (ViT-Linearizer;
+        patch_masking: ``dict(ratio=0.75)``: a learnable mask token replaces that ratio of
+            the student's patch tokens, sampled per image from the run seed (``seed=`` fixes
+            them; ViT-Linearizer;
             :class:`~mmlinvit.distill.patch_masking.PatchMasking`).  Needs a bare backbone
             student with ``forward_tokens(x, patch_mask, mask_token)``.  The token is this
             model's ``mask_token``; with ``use_student_mask_token=True`` it is the student
@@ -106,6 +110,11 @@ class DistillationModel(BaseModel):
             backbone from the teacher backbone in :meth:`init_weights`
             (:func:`mmlinvit.transfer.transfer_weights`); the strategy is built (name and
             options checked) here.  The former ``strategy=`` key is refused with the fix.
+            Refused at build time: a student backbone with ``pretrained=`` (the transfer
+            would overwrite the file's weights; ``'random'``, which writes nothing, is
+            allowed), and a LayerScale / ``pre_norm`` / final norm on one side only that
+            the strategy would copy around
+            (:func:`mmlinvit.transfer.check_transfer_structure`).
         student_token_layout: ``(prefix, suffix)`` special-token counts of the student's
             records; ``None`` reads ``num_prefix_tokens`` / ``num_suffix_tokens`` of its
             backbone.
@@ -125,7 +134,9 @@ class DistillationModel(BaseModel):
             (:class:`.teacher_input_norm.TeacherInputNorm`).  The student statistics are
             read from the data preprocessor (its ``mean`` / ``std`` buffers), so a
             preprocessor that does not normalise is refused at build time.  ``None``: the
-            teacher sees the student's batch.
+            teacher sees the student's batch.  A teacher backbone of family ``'clip'`` whose
+            input statistics (these, or the data preprocessor's) are not OpenAI CLIP's is
+            warned at build time, naming the fix.
         data_preprocessor: Data preprocessor config; ``None`` reuses the student's when it
             is a task model.  It preprocesses every batch, for teacher and student: a
             student ``data_preprocessor`` or ``train_cfg`` batch augments that differ from it
@@ -191,6 +202,11 @@ class DistillationModel(BaseModel):
                                                                    self.data_preprocessor)
             warn_clip_stats_for_other_teacher(teacher_backbone=self.teacher_backbone(),
                                               **self.teacher_input_norm.stats)
+        warn_clip_teacher_without_clip_stats(
+            self.teacher_backbone(),
+            None if self.teacher_input_norm is None else self.teacher_input_norm.stats,
+            self.data_preprocessor)
+        self._check_weight_transfer()
 
         self.student_recorders = attach_recorders(student_recorders, self.student, 'student')
         self.teacher_recorders = attach_recorders(teacher_recorders, self.teacher, 'teacher')
@@ -276,6 +292,36 @@ class DistillationModel(BaseModel):
         if self.teacher_input_norm is None:
             return inputs
         return self.teacher_input_norm(inputs, self.data_preprocessor)
+
+    def _check_weight_transfer(self) -> None:
+        """Refuses a ``weight_transfer`` that would overwrite the student's ``pretrained=``
+        weights, or whose copied weights would compute another function than the teacher's
+        (a LayerScale / ``pre_norm`` / final norm on one side only)."""
+        if self.weight_transfer is None:
+            return
+        student = self.student_backbone()
+        where = 'model.student.backbone' if self.student_is_task_model else 'model.student'
+        pretrained = getattr(student, 'pretrained', None)
+        if pretrained and self.weight_transfer.name != 'random':
+            raise DistillationConfigError(
+                f'{where}.pretrained={pretrained!r} loads the student\'s weights, and '
+                f'weight_transfer (strategy {self.weight_transfer.name!r}) would then overwrite '
+                f'part of them with the teacher\'s in init_weights(). Keep the file\'s weights '
+                f'(e.g. a tools/linearize.py output, which already holds its transfer, or a '
+                f'trained student) with --cfg-options model.weight_transfer=None, or drop '
+                f'{where}.pretrained to initialise the student from the teacher by the '
+                f'transfer.')
+        teacher = self.teacher_backbone()
+        if isinstance(student, VisionTransformer) and isinstance(teacher, VisionTransformer):
+            try:
+                check_transfer_structure(student, teacher, self.weight_transfer)
+            except TransferStructureError as err:
+                teacher_where = ('model.teacher' if teacher is self.teacher else
+                                 'model.teacher.backbone')
+                raise DistillationConfigError(
+                    f'weight_transfer: {err} (config: the student backbone is {where}, the '
+                    f'teacher backbone {teacher_where}; strategy options go in '
+                    f'model.weight_transfer)') from err
 
     def _setup_patch_masking(self, cfg: Optional[dict]) -> None:
         """Builds and checks the patch masking; owns its mask token and step counter."""
