@@ -101,8 +101,8 @@ class TeacherForcing:
             DistillationConfigError: for a task-model student, a missing or wrong input
                 recorder, a different number of blocks in student and teacher (naming both),
                 a student block without ``forward_attn``, a student backbone without
-                ``patch_size`` / ``num_prefix_tokens``, or other prefix tokens (class /
-                registers) than the teacher's.
+                ``patch_size`` / ``num_prefix_tokens``, another patch size or other prefix
+                tokens (class / registers) than the teacher's.
         """
         if not bare_backbone:
             raise DistillationConfigError('teacher_forcing needs a bare backbone student '
@@ -136,6 +136,14 @@ class TeacherForcing:
                 raise DistillationConfigError(
                     f'teacher_forcing needs the student backbone attribute {attr!r} '
                     f'({type(student).__name__} has none)')
+        patch = getattr(teacher, 'patch_size', None)
+        if patch is not None and patch != student.patch_size:
+            raise DistillationConfigError(
+                f'teacher_forcing: the teacher\'s patch size is {patch} and the student\'s '
+                f'{student.patch_size}; each student block runs on the teacher\'s tokens (its '
+                f'{patch} x {patch} patch grid), so the student would learn on another grid than '
+                f'its own patch embedding makes. Build the student with patch_size={patch} '
+                f'(--cfg-options model.student.patch_size={patch})')
         theirs = getattr(teacher, 'num_prefix_tokens', None)
         if theirs is not None and theirs != student.num_prefix_tokens:
             raise DistillationConfigError(

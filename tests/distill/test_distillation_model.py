@@ -342,6 +342,18 @@ def test_stage1_student_without_the_teachers_tokens_is_refused():
         MODELS.build(cfg)
 
 
+def test_stage1_student_of_another_patch_size_is_refused():
+    """Each student block runs on the teacher's tokens: an ELU student of patch 8 under a
+    patch-16 teacher built and trained Stage 1 on the teacher's grid, no word (InLine / MHLA
+    students stopped with a bare token-count ValueError)."""
+    cfg = stage1_model_cfg()
+    cfg['student']['patch_size'] = PATCH // 2
+    with pytest.raises(DistillationConfigError,
+                       match=rf"patch size is {PATCH} and the student's {PATCH // 2}.*"
+                             rf"model.student.patch_size={PATCH}"):
+        MODELS.build(cfg)
+
+
 def test_stage1_teacher_forcing_checkpoints_with_cp_blocks(monkeypatch):
     """ViT-AdaLA Stage 1 with student with_cp=True: the teacher-forced attention of each
     block runs under activation checkpointing (it ran plainly: with_cp was a no-op there), with

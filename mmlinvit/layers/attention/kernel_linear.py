@@ -132,7 +132,8 @@ class ReLULinearAttention(FixedMapLinearAttention):
 
 @ATTENTION_OPERATORS.register_module('hedgehog')
 class HedgehogLinearAttention(AttentionOperator):
-    """Linear attention with Hedgehog's learnable feature map (Zhang et al., 2024).
+    """Linear attention with Hedgehog's learnable feature map (Zhang et al., 2024), in the
+    form of LoLCATS' ``FeatureMapMLP`` (the paper writes exp of a biased linear layer).
 
     Per head, phi(x) = [softmax(x W), softmax(-x W)] with the softmax over the ``feature_dims``
     features, W: head_dims -> feature_dims, so phi(x) has 2 * feature_dims positive entries
