@@ -23,6 +23,10 @@ import torch
 
 #: Bytes per name in :func:`encode_names` (zero-padded ASCII).
 NAME_BYTES = 32
+#: Record of each block's attention-operator settings (:meth:`AttentionOperator.settings_record`).
+OPERATOR_SETTINGS_RECORD = 'operator_settings'
+#: Bytes per block of :data:`OPERATOR_SETTINGS_RECORD`.
+SETTINGS_BYTES = 128
 #: Record of a ViT's MLP activation (one encoded name).
 MLP_ACT_RECORD = 'mlp_act'
 
@@ -31,11 +35,12 @@ class TrainingRecordMismatchError(ValueError):
     """A checkpoint's weights were trained with another setting than the model's."""
 
 
-def encode_names(names: Sequence[str]) -> torch.Tensor:
-    """Names as a (len(names), :data:`NAME_BYTES`) uint8 tensor of zero-padded ASCII.
+def encode_names(names: Sequence[str], width: int = NAME_BYTES) -> torch.Tensor:
+    """Names as a (len(names), width) uint8 tensor of zero-padded ASCII.
 
     Args:
-        names: ASCII names of at most :data:`NAME_BYTES` characters.
+        names: ASCII names of at most ``width`` characters.
+        width: Bytes per name (:data:`NAME_BYTES` by default).
 
     Returns:
         The encoded names.
@@ -43,11 +48,11 @@ def encode_names(names: Sequence[str]) -> torch.Tensor:
     rows = []
     for name in names:
         raw = name.encode('ascii')
-        if len(raw) > NAME_BYTES:
-            raise ValueError(f'{name!r} is longer than the {NAME_BYTES} bytes a training record '
+        if len(raw) > width:
+            raise ValueError(f'{name!r} is longer than the {width} bytes a training record '
                              f'keeps per name')
-        rows.append(list(raw) + [0] * (NAME_BYTES - len(raw)))
-    return torch.tensor(rows, dtype=torch.uint8).reshape(len(rows), NAME_BYTES)
+        rows.append(list(raw) + [0] * (width - len(raw)))
+    return torch.tensor(rows, dtype=torch.uint8).reshape(len(rows), width)
 
 
 def decode_names(encoded: torch.Tensor) -> List[str]:

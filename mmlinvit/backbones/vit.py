@@ -30,8 +30,9 @@ from .arch_zoo import VIT_SIZES, family_defaults
 from .base import TokenBackbone
 from .operator_setting import resolve_operator_setting
 from .outputs import check_out_type
-from .training_record import (MLP_ACT_RECORD, TrainingRecordMismatchError, decode_names,
-                              describe_blocks, encode_names)
+from .training_record import (MLP_ACT_RECORD, OPERATOR_SETTINGS_RECORD, SETTINGS_BYTES,
+                              TrainingRecordMismatchError, decode_names, describe_blocks,
+                              encode_names)
 
 
 class AttentionOperatorMismatchError(TrainingRecordMismatchError):
@@ -120,6 +121,9 @@ class VisionTransformer(TokenBackbone):
         'block_operators': 'record of the attention operator of each block (official '
                            'checkpoints and mmlinvit files from before the record have none): '
                            "the model's operators are recorded",
+        OPERATOR_SETTINGS_RECORD: 'record of the attention operators\' settings (MHLA block '
+                                  'layout, TTT inner learning rate; checkpoints from before '
+                                  'the record have none): the model\'s settings are recorded',
         MLP_ACT_RECORD: 'record of the MLP activation (official checkpoints and mmlinvit files '
                         'from before the record have none): the model\'s activation is '
                         'recorded',
@@ -134,7 +138,8 @@ class VisionTransformer(TokenBackbone):
     #: ``vit_*_clip_224.laion2b*`` GELU.  A checkpoint without an activation record loads into
     #: such a family only with ``act`` given explicitly.
     ACT_AMBIGUOUS_FAMILIES = ('clip', )
-    TRAINING_RECORDS = ('block_operators', MLP_ACT_RECORD, POS_GRID_RECORD)
+    TRAINING_RECORDS = ('block_operators', OPERATOR_SETTINGS_RECORD, MLP_ACT_RECORD,
+                        POS_GRID_RECORD)
 
     def __init__(self,
                  arch: Union[str, dict] = 'b',
@@ -272,6 +277,8 @@ class VisionTransformer(TokenBackbone):
         # Saved with the weights, checked when loading (see check_training_record).
         self.register_training_record('block_operators', encode_names(
             [operator_name(cfg) for cfg in attn_cfgs]))
+        self.register_training_record(OPERATOR_SETTINGS_RECORD, encode_names(
+            [blk.attn.settings_record() for blk in self.blocks], width=SETTINGS_BYTES))
         self.register_training_record(MLP_ACT_RECORD, encode_names([self.act]))
         self.norm = (nn.LayerNorm(self.embed_dims, eps=pick(norm_eps, 'norm_eps'))
                      if final_norm else nn.Identity())
@@ -374,6 +381,9 @@ class VisionTransformer(TokenBackbone):
                     f'act={self.act!r} ({self.act_source}): it would compute features the '
                     f'weights were not trained for. Build the model with act={theirs!r}.')
             return
+        if name == OPERATOR_SETTINGS_RECORD:
+            self._check_operator_settings(decode_names(recorded))
+            return
         theirs = decode_names(recorded)
         ours = [operator_name(cfg) for cfg in self.attn_cfgs]
         clashes: Dict[Tuple[str, str], List[int]] = {}
@@ -394,6 +404,30 @@ class VisionTransformer(TokenBackbone):
             f'model with the checkpoint\'s operators: attn_cfg={fix} (config: '
             'model.backbone.attn_cfg, or the student\'s / teacher\'s backbone of a '
             'distillation config).')
+
+    def _check_operator_settings(self, theirs: List[str]) -> None:
+        """Refuses weights whose operators were trained with other settings than this
+        model's (MHLA's ``block_grid`` / ``feature_map``, TTT's ``inner_lr``...: same
+        parameters, another computation).  Blocks recorded without settings (softmax, an
+        operator without any) are not compared; another operator is the ``block_operators``
+        check's."""
+        ours = [blk.attn.settings_record() for blk in self.blocks]
+        names = [operator_name(cfg) for cfg in self.attn_cfgs]
+        clashes: Dict[Tuple[str, str, str], List[int]] = {}
+        for i, (their, our) in enumerate(zip(theirs, ours)):
+            if their and their != our:
+                clashes.setdefault((names[i], their, our), []).append(i)
+        if not clashes:
+            return
+        lines = [f"block{'s' if len(blocks) > 1 else ''} {describe_blocks(blocks)} ({name}): "
+                 f"{their} in the checkpoint, {our or 'no settings'} in the model"
+                 for (name, their, our), blocks in clashes.items()]
+        raise AttentionOperatorMismatchError(
+            'The checkpoint\'s attention operators were trained with other settings than this '
+            'model\'s (same parameters, another computation), so the model would compute '
+            'features the weights were not trained for:\n  ' + '\n  '.join(lines) +
+            '\nBuild the model with the checkpoint\'s settings in its attn_cfg (config: '
+            'model.backbone.attn_cfg, or the student\'s backbone of a distillation config).')
 
     def _init_parameters(self) -> None:
         """timm-style init: truncated normal tokens / linears, zero biases, unit norms."""

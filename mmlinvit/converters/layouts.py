@@ -407,7 +407,8 @@ def convert_mmpretrain(state_dict: Mapping[str, torch.Tensor]) -> ConversionResu
     attn.gamma1.weight, ln2, ffn.layers.0.0, ffn.layers.1, ffn.gamma2.weight}`` (or SwiGLU
     ``ffn.w12`` / ``ffn.w3``) -> ``blocks.i.{norm1, attn.qkv, attn.proj, ls1.gamma, norm2,
     mlp.fc1, mlp.fc2, ls2.gamma}``; mmseg's ``attn.attn.in_proj_*`` / ``attn.attn.out_proj``
-    -> ``attn.qkv`` / ``attn.proj``; final ``ln1`` -> ``norm``; ``pre_norm`` kept; the
+    -> ``attn.qkv`` / ``attn.proj``; final ``ln1`` -> ``norm``; ``pre_norm`` kept (mmseg's
+    ``ln_pre`` -> ``pre_norm``); the
     ``avg_featmap`` output norm ``ln2`` -> ``avg_norm`` (loaded by ``avg_featmap_norm=True``
     backbones, dropped with a warning by ``'avg_featmap'`` ones without it).
 
@@ -432,6 +433,8 @@ def convert_mmpretrain(state_dict: Mapping[str, torch.Tensor]) -> ConversionResu
             new = 'patch_embed.proj.' + key[len('patch_embed.projection.'):]
         elif key.startswith('ln1.'):
             new = 'norm.' + key[len('ln1.'):]
+        elif key.startswith('ln_pre.'):  # mmseg's ViT(pre_norm=True)
+            new = 'pre_norm.' + key[len('ln_pre.'):]
         else:
             match = re.match(r'^layers\.(\d+)\.(.*)$', key)
             if match:

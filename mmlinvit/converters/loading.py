@@ -418,6 +418,12 @@ def check_state_dict_fits(model: nn.Module,
     if strict and unexpected:
         lines.append(f'unexpected keys ({len(unexpected)}): '
                      f'{", ".join(summarise_keys(unexpected))}')
+    if strict and 'cls_token' in unexpected and getattr(model, 'cls_token', 1) is None:
+        lines.append('  the checkpoint has a class token (and learned positions) that this model '
+                     'was built without (MHLA / TTT take their papers\' setting unless told '
+                     'otherwise): build it with with_cls_token=True pos_embed_type=learned '
+                     'check_operator_setting=False (a documented deviation) to load them, or '
+                     'start from the file with tools/linearize.py')
     reg = state_dict.get('reg_token')
     if reg is not None and reg.ndim == 3 and getattr(model, 'num_reg_tokens', None) == 0:
         lines.append(f'  the checkpoint has {reg.shape[1]} register token(s) (DINOv2 *_reg; a '

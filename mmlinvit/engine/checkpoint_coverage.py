@@ -121,6 +121,7 @@ def check_checkpoint_covers(model: nn.Module, checkpoint: Mapping[str, Any],
             and ``check_checkpoint_coverage=False`` to evaluate anyway.
     """
     state_dict = as_loaded(model, checkpoint.get('state_dict', checkpoint))
+    _check_evaluated_operators(model, state_dict, source)
     missing = uncovered_keys(model, state_dict)
     mismatched = mismatched_shapes(model, state_dict)
     if mismatched and not missing:
@@ -140,6 +141,34 @@ def check_checkpoint_covers(model: nn.Module, checkpoint: Mapping[str, Any],
         f'module: {_per_module(missing, model_keys)} ('
         f'{", ".join(summarise_keys(missing, limit=6))}).' + _hint(model_keys, present) +
         ' To evaluate anyway, pass --cfg-options check_checkpoint_coverage=False.')
+
+
+def _check_evaluated_operators(model: nn.Module, state_dict: Mapping[str, Any],
+                               source: str) -> None:
+    """Softmax-attention weights load into any operator (where linearization starts), but
+    evaluated as a linear-attention model they compute another function: a softmax-trained
+    checkpoint given to a linear config (or ``attn_cfg`` changed by ``--cfg-options``) is
+    refused for evaluation."""
+    from mmlinvit.backbones.training_record import decode_names
+    from mmlinvit.backbones.vit import VisionTransformer, operator_name
+    for prefix, module in model.named_modules():
+        if not isinstance(module, VisionTransformer):
+            continue
+        record = state_dict.get(f'{prefix}.block_operators' if prefix else 'block_operators')
+        if not hasattr(record, 'shape') or record.shape != module.block_operators.shape:
+            continue
+        theirs = decode_names(record)
+        ours = [operator_name(cfg) for cfg in module.attn_cfgs]
+        blocks = [i for i, (t, o) in enumerate(zip(theirs, ours)) if t != o]
+        if blocks:
+            raise CheckpointCoverageError(
+                f'{source} holds weights trained with attention operators {sorted(set(theirs))} '
+                f'but the model to evaluate ({prefix or "the model"}) runs {sorted(set(ours))} in '
+                f'blocks {blocks}: the weights would be evaluated with an operator they were not '
+                f'trained with. Evaluate with the config that trained them (or '
+                f'--cfg-options {"model." + prefix if prefix else "model"}.attn_cfg=... with the '
+                f'checkpoint\'s operators). To evaluate anyway, pass --cfg-options '
+                f'check_checkpoint_coverage=False.')
 
 
 def _per_module(missing: List[str], model_keys: List[str]) -> str:

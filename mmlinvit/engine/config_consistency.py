@@ -182,7 +182,7 @@ def _class_count_problems(cfg: Any, mode: str = 'train') -> List[str]:
                 f'its classes (metainfo=dict(classes=...)) and type')
         loss_cls = head.get('loss_cls', None)
         weight = loss_cls.get('class_weight', None) if isinstance(loss_cls, dict) else None
-        if (_strip_scope(head.get('type')) == 'Mask2FormerHead' and isinstance(weight, list)
+        if (_strip_scope(head.get('type')) == 'Mask2FormerHead' and isinstance(weight, (list, tuple))
                 and len(weight) != n + 1):
             problems.append(
                 f'{where}.loss_cls.class_weight has {len(weight)} entries but num_classes={n} '

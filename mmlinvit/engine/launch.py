@@ -161,13 +161,20 @@ def _cls_visualization(cfg: Config, show_dir: Optional[str], show: bool, wait_ti
     hook['interval'] = interval
 
 
+#: mmseg metrics that write label maps to ``output_dir`` (``--out``; CityscapesMetric: the
+#: test server's format).
+SEG_OUTPUT_METRICS = ('IoUMetric', 'CityscapesMetric')
+
+
 def _seg_output_dump(cfg: Config, out: str) -> None:
     evaluators = cfg.test_evaluator
     metrics = [m for m in (evaluators if isinstance(evaluators, (list, tuple)) else [evaluators])
-               if isinstance(m, dict) and str(m.get('type', '')).split('.')[-1] == 'IoUMetric']
+               if isinstance(m, dict)
+               and str(m.get('type', '')).split('.')[-1] in SEG_OUTPUT_METRICS]
     if not metrics:
-        raise EvaluationFlagError('--out DIR saves the label maps through mmseg\'s IoUMetric '
-                                  '(output_dir); test_evaluator has none')
+        raise EvaluationFlagError(f'--out DIR saves the label maps through mmseg\'s '
+                                  f'{" / ".join(SEG_OUTPUT_METRICS)} (output_dir); '
+                                  f'test_evaluator has none')
     for metric in metrics:
         metric['output_dir'] = out
         metric['keep_results'] = True

@@ -89,19 +89,22 @@ def test_a_load_of_records_only_does_not_count_as_loaded_weights():
     assert model.weights_loaded
 
 
-def test_mmseg_vit_file_loads_through_pretrained(tmp_path):
+@pytest.mark.parametrize('pre_norm', [False, True])
+def test_mmseg_vit_file_loads_through_pretrained(tmp_path, pre_norm):
     """mmseg's ViT keeps nn.MultiheadAttention (attn.attn.in_proj_* / out_proj): read as the
-    mmpretrain layout it was refused, and strict=False left every q / k / v / proj random."""
+    mmpretrain layout it was refused, and strict=False left every q / k / v / proj random.
+    Its pre_norm is ``ln_pre``."""
     from mmseg.models.backbones import VisionTransformer as MMSegViT
     ref = randomise(MMSegViT(img_size=32, patch_size=8, embed_dims=32, num_layers=2,
-                             num_heads=2, mlp_ratio=2, final_norm=True, out_indices=(1, )))
+                             num_heads=2, mlp_ratio=2, final_norm=True, out_indices=(1, ),
+                             pre_norm=pre_norm))
     path = str(tmp_path / 'mmseg.pth')
     head = {'decode_head.conv_seg.weight': torch.zeros(3, 32, 1, 1)}
     torch.save({'state_dict': {**{f'backbone.{k}': v for k, v in ref.state_dict().items()},
                                **head}}, path)
     model = VisionTransformer(arch=ARCH, img_size=32, patch_size=8, out_type='featmap',
                               out_indices=(1, ), norm_eps=1e-5, patch_bias=False,
-                              pretrained=path).eval()
+                              pre_norm=pre_norm, pretrained=path).eval()
     model.init_weights()
     x = torch.randn(2, 3, 32, 48)
     with torch.no_grad():
@@ -125,3 +128,16 @@ def test_the_fix_line_does_not_offer_strict_false_when_most_tensors_would_stay_r
     with pytest.raises(CheckpointMismatchError, match='or load with strict=False'):
         load_pretrained(VisionTransformer(arch=ARCH, img_size=32, patch_size=8), few,
                         layout='timm')
+
+
+def test_an_mhla_model_names_the_options_that_load_a_softmax_file():
+    """The fix line offered strict=False, which no config reaches; the options that load the
+    class token and positions are named."""
+    from mmlinvit.converters import CheckpointMismatchError, load_pretrained
+    teacher = VisionTransformer(arch=ARCH, img_size=32, patch_size=8)
+    with pytest.warns(UserWarning):  # MHLA takes its paper setting (no class token)
+        student = VisionTransformer(arch=ARCH, img_size=32, patch_size=8, attn_cfg='mhla')
+    with pytest.raises(CheckpointMismatchError,
+                       match=r'with_cls_token=True pos_embed_type=learned '
+                             r'check_operator_setting=False'):
+        load_pretrained(student, teacher.state_dict())

@@ -80,6 +80,28 @@ def test_a_task_model_student_names_the_backbone_path(student_file):
             MODELS.build(cfg)
 
 
+@pytest.mark.parametrize('how', ['pretrained', 'init_cfg'])
+def test_a_task_model_student_with_a_model_level_pretrained_is_refused(student_file, how):
+    """mmpretrain's ImageClassifier(pretrained=PATH) becomes init_cfg=Pretrained, which
+    init_weights() loads before the transfer: 72 tensors of the file were overwritten."""
+    path, _ = student_file
+    student = dict(type='ImageClassifier',
+                   backbone=dict(type='mmlinvit.VisionTransformer', attn_cfg='elu',
+                                 **dict(COMMON, out_type='cls_token')),
+                   head=dict(type='LinearClsHead', num_classes=3, in_channels=32))
+    student.update(dict(pretrained=path) if how == 'pretrained' else
+                   dict(init_cfg=dict(type='Pretrained', checkpoint=path)))
+    cfg = config()
+    cfg['student'] = student
+    cfg['teacher'] = dict(cfg['teacher'], out_type='cls_token')
+    from mmengine.registry import DefaultScope
+    with DefaultScope.overwrite_default_scope('mmpretrain'):
+        with pytest.raises(DistillationConfigError,
+                           match=r'model\.student\.init_cfg \(Pretrained\)=.*'
+                                 r'model\.weight_transfer=None'):
+            MODELS.build(cfg)
+
+
 def test_teacher_layer_scale_without_place_is_refused_at_build_time():
     with pytest.raises(DistillationConfigError) as info:
         MODELS.build(config(teacher=dict(family='deit3')))

@@ -46,3 +46,23 @@ def test_an_mmpretrain_classifier_file_covers_the_model():
     # a file of another model is still refused
     with pytest.raises(CheckpointCoverageError):
         check_checkpoint_covers(model, {'state_dict': {'backbone.x': torch.zeros(1)}}, 'x.pth')
+
+
+def test_softmax_weights_are_not_evaluated_as_a_linear_model():
+    """Softmax weights load into any operator (linearization starts there), but a softmax
+    checkpoint evaluated by a linear config (tools/test.py, or attn_cfg changed by
+    --cfg-options) computed another function, with no word."""
+    def model(attn):
+        return classifier(dict(type='mmlinvit.VisionTransformer', img_size=32, patch_size=8,
+                               arch=dict(embed_dims=32, num_layers=2, num_heads=2,
+                                         mlp_hidden_dims=64), out_type='cls_token',
+                               attn_cfg=attn))
+    softmax = {'state_dict': model('softmax').state_dict()}
+    with pytest.raises(CheckpointCoverageError,
+                       match=r"trained with attention operators \['softmax'\] but the model to "
+                             r"evaluate \(backbone\) runs \['elu'\] in blocks \[0, 1\].*"
+                             r"model.backbone.attn_cfg"):
+        check_checkpoint_covers(model('elu'), softmax, 'softmax.pth')
+    check_checkpoint_covers(model('softmax'), softmax, 'softmax.pth')
+    check_checkpoint_covers(model('elu'), {'state_dict': model('elu').state_dict()}, 'elu.pth')
+    check_training_load_from(model('elu'), softmax, 'softmax.pth')  # linearization start

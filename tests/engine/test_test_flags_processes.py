@@ -35,9 +35,14 @@ def test_seg_out_with_a_list_of_evaluators(tmp_path):
     out = str(tmp_path / 'maps')
     prepare_test_config(cfg, 'cfg.py', 'ckpt.pth', out=out)
     assert cfg.test_evaluator[0].output_dir == out and cfg.test_evaluator[0].keep_results
+    # the Cityscapes test-server route (README): CityscapesMetric writes the maps
     cfg = seg_test_config(tmp_path)
-    cfg.test_evaluator = [dict(type='CityscapesMetric', output_dir='x')]
-    with pytest.raises(EvaluationFlagError, match="IoUMetric"):
+    cfg.test_evaluator = dict(type='CityscapesMetric', format_only=True, output_dir='x')
+    prepare_test_config(cfg, 'cfg.py', 'ckpt.pth', out=out)
+    assert cfg.test_evaluator.output_dir == out
+    cfg = seg_test_config(tmp_path)
+    cfg.test_evaluator = [dict(type='DepthMetric')]
+    with pytest.raises(EvaluationFlagError, match="IoUMetric / CityscapesMetric"):
         prepare_test_config(cfg, 'cfg.py', 'ckpt.pth', out=out)
 
 

@@ -11,6 +11,7 @@ tokens, which sit at the front of the sequence; spatial operators (MHLA, TTT) ne
 Hook point: the output of ``blocks[i].attn`` is the per-block attention output used by
 attention distillation; the positional inputs of ``blocks[i]`` are the block input.
 """
+import inspect
 from types import MappingProxyType
 from typing import Any, Mapping, Optional, Tuple
 
@@ -80,6 +81,10 @@ class AttentionOperator(nn.Module):
     #: given values are refused at build time (``check_operator_setting=False`` allows them,
     #: with a warning).  Empty: no requirement.  See :data:`NO_CLS_SINCOS_AVG_POOL`.
     paper_backbone_setting: Mapping[str, Tuple[Any, ...]] = MappingProxyType({})
+    #: Attributes that change what the operator computes without changing its parameters'
+    #: names or shapes (MHLA's block layout, TTT's inner learning rate): recorded with the
+    #: weights by the backbone, so a checkpoint is not silently run with other ones.
+    recorded_settings: Tuple[str, ...] = ()
 
     def __init__(self,
                  embed_dims: int,
@@ -203,6 +208,11 @@ class AttentionOperator(nn.Module):
         """
         return None
 
+    def settings_record(self) -> str:
+        """``'name=value ...'`` of :attr:`recorded_settings` (empty for none)."""
+        return ' '.join(f'{name}={getattr(self, name)!r}'.replace(' ', '')
+                        for name in self.recorded_settings)
+
     def init_extra_parameters(self) -> None:
         """Documented default initialisation of parameters softmax attention does not have."""
 
@@ -219,4 +229,20 @@ def build_attention_operator(cfg, embed_dims: int, num_heads: int, **defaults) -
         num_heads: Number of heads.
         **defaults: Extra keyword defaults (e.g. ``qkv_bias``) the config may override.
     """
+    if isinstance(cfg, dict):
+        name = str(cfg.get('type', ''))
+        cls = ATTENTION_OPERATORS.get(name.split('.')[-1]) if name else None
+        if cls is not None:
+            # the options of the operator and of the classes it hands **kwargs on to
+            accepted = {p.name for klass in cls.__mro__ if issubclass(klass, AttentionOperator)
+                        for p in inspect.signature(klass.__init__).parameters.values()
+                        if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)} - {'self'}
+            unknown = sorted(set(cfg) - {'type'} - accepted - set(defaults))
+            if unknown:
+                raise TypeError(
+                    f'attn_cfg {dict(cfg)!r}: {unknown} are not options of the {name!r} '
+                    f'operator (it takes {sorted(accepted - {"embed_dims", "num_heads"})}). '
+                    f'A base\'s operator options stay when only attn_cfg.type is changed: '
+                    f'give the whole operator instead, e.g. --cfg-options '
+                    f'<...>.attn_cfg={name.split(".")[-1]} (or a dict with its own options)')
     return ATTENTION_OPERATORS.build(cfg, embed_dims=embed_dims, num_heads=num_heads, **defaults)

@@ -81,6 +81,8 @@ class TestTimeTrainingAttention(AttentionOperator):
     #: Seed 000: no class token, sin-cos positions, average pooling (ViT^3: no class token).
     paper_backbone_setting = NO_CLS_SINCOS_AVG_POOL
 
+    recorded_settings = ('inner_lr', 'inner_loss_scale')
+
     def __init__(self,
                  embed_dims: int,
                  num_heads: int,

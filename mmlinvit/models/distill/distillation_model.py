@@ -302,15 +302,24 @@ class DistillationModel(BaseModel):
         student = self.student_backbone()
         where = 'model.student.backbone' if self.student_is_task_model else 'model.student'
         pretrained = getattr(student, 'pretrained', None)
+        source = f'{where}.pretrained'
+        # a Pretrained init_cfg anywhere in the student (mmpretrain's ImageClassifier(
+        # pretrained=...) is one) loads it in init_weights() too, before the transfer
+        for name, module in self.student.named_modules():
+            init_cfgs = getattr(module, 'init_cfg', None) or []
+            for init_cfg in (init_cfgs if isinstance(init_cfgs, (list, tuple)) else [init_cfgs]):
+                if (not pretrained and isinstance(init_cfg, dict)
+                        and str(init_cfg.get('type', '')).split('.')[-1] == 'Pretrained'):
+                    pretrained = init_cfg.get('checkpoint')
+                    source = f'model.student{"." + name if name else ""}.init_cfg (Pretrained)'
         if pretrained and self.weight_transfer.name != 'random':
             raise DistillationConfigError(
-                f'{where}.pretrained={pretrained!r} loads the student\'s weights, and '
-                f'weight_transfer (strategy {self.weight_transfer.name!r}) would then overwrite '
-                f'part of them with the teacher\'s in init_weights(). Keep the file\'s weights '
-                f'(e.g. a tools/linearize.py output, which already holds its transfer, or a '
-                f'trained student) with --cfg-options model.weight_transfer=None, or drop '
-                f'{where}.pretrained to initialise the student from the teacher by the '
-                f'transfer.')
+                f'{source}={pretrained!r} loads the student\'s weights, and weight_transfer '
+                f'(strategy {self.weight_transfer.name!r}) would then overwrite part of them '
+                f'with the teacher\'s in init_weights(). Keep the file\'s weights (e.g. a '
+                f'tools/linearize.py output, which already holds its transfer, or a trained '
+                f'student) with --cfg-options model.weight_transfer=None, or drop {source} to '
+                f'initialise the student from the teacher by the transfer.')
         teacher = self.teacher_backbone()
         if isinstance(student, VisionTransformer) and isinstance(teacher, VisionTransformer):
             try:
