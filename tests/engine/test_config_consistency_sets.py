@@ -156,3 +156,13 @@ def test_a_preprocessor_smaller_than_the_crop_is_refused(tmp_path, toy_root):
     assert problem and f'size={size} is smaller than the' in problem
     with pytest.raises(PadSizeError):
         build_runner(cfg)
+
+
+def test_mask2former_class_weight_given_as_a_tuple_is_checked(tmp_path, toy_root):
+    """Only a list was checked: a tuple of the wrong length passed and stopped iteration 1."""
+    cfg = toy_config(toy_root, str(tmp_path))
+    n = len(cfg.train_dataloader.dataset.metainfo['classes'])
+    cfg.model.decode_head = dict(type='Mask2FormerHead', num_classes=n,
+                                 loss_cls=dict(class_weight=(1.0, ) * 150 + (0.1, )))
+    with pytest.raises(ConfigConsistencyError, match='class_weight has 151 entries'):
+        check_config_consistency(cfg)
