@@ -415,7 +415,11 @@ class VisionTransformer(TokenBackbone):
         names = [operator_name(cfg) for cfg in self.attn_cfgs]
         clashes: Dict[Tuple[str, str, str], List[int]] = {}
         for i, (their, our) in enumerate(zip(theirs, ours)):
-            if their and their != our:
+            # settings both records name (a setting recorded by a later version only is not
+            # compared)
+            their_items = dict(item.split('=', 1) for item in their.split() if '=' in item)
+            our_items = dict(item.split('=', 1) for item in our.split() if '=' in item)
+            if any(their_items[k] != our_items[k] for k in set(their_items) & set(our_items)):
                 clashes.setdefault((names[i], their, our), []).append(i)
         if not clashes:
             return

@@ -136,7 +136,10 @@ class TeacherForcing:
                 raise DistillationConfigError(
                     f'teacher_forcing needs the student backbone attribute {attr!r} '
                     f'({type(student).__name__} has none)')
-        patch = getattr(teacher, 'patch_size', None)
+        # a task-model teacher (ImageClassifier, segmentor): its backbone's tokens
+        backbone = teacher.backbone if isinstance(getattr(teacher, 'backbone', None),
+                                                   nn.Module) else teacher
+        patch = getattr(backbone, 'patch_size', None)
         if patch is not None and patch != student.patch_size:
             raise DistillationConfigError(
                 f'teacher_forcing: the teacher\'s patch size is {patch} and the student\'s '
@@ -144,7 +147,7 @@ class TeacherForcing:
                 f'{patch} x {patch} patch grid), so the student would learn on another grid than '
                 f'its own patch embedding makes. Build the student with patch_size={patch} '
                 f'(--cfg-options model.student.patch_size={patch})')
-        theirs = getattr(teacher, 'num_prefix_tokens', None)
+        theirs = getattr(backbone, 'num_prefix_tokens', None)
         if theirs is not None and theirs != student.num_prefix_tokens:
             raise DistillationConfigError(
                 f'teacher_forcing: the teacher\'s block inputs carry {theirs} class / register '

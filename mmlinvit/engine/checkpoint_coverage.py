@@ -121,7 +121,7 @@ def check_checkpoint_covers(model: nn.Module, checkpoint: Mapping[str, Any],
             and ``check_checkpoint_coverage=False`` to evaluate anyway.
     """
     state_dict = as_loaded(model, checkpoint.get('state_dict', checkpoint))
-    _check_evaluated_operators(model, state_dict, source)
+    check_evaluated_operators(model, state_dict, source)
     missing = uncovered_keys(model, state_dict)
     mismatched = mismatched_shapes(model, state_dict)
     if mismatched and not missing:
@@ -143,12 +143,26 @@ def check_checkpoint_covers(model: nn.Module, checkpoint: Mapping[str, Any],
         ' To evaluate anyway, pass --cfg-options check_checkpoint_coverage=False.')
 
 
-def _check_evaluated_operators(model: nn.Module, state_dict: Mapping[str, Any],
-                               source: str) -> None:
-    """Softmax-attention weights load into any operator (where linearization starts), but
-    evaluated as a linear-attention model they compute another function: a softmax-trained
-    checkpoint given to a linear config (or ``attn_cfg`` changed by ``--cfg-options``) is
-    refused for evaluation."""
+def check_evaluated_operators(model: nn.Module, state_dict: Mapping[str, Any],
+                              source: str,
+                              escape: str = ' To evaluate anyway, pass --cfg-options '
+                                            'check_checkpoint_coverage=False.') -> None:
+    """Refuses weights trained with other attention operators than the model runs.
+
+    Softmax-attention weights load into any operator (where linearization starts), but
+    evaluated (or exported) as a linear-attention model they compute another function: a
+    softmax-trained checkpoint given to a linear config (or ``attn_cfg`` changed by
+    ``--cfg-options``) is refused.
+
+    Args:
+        model: The model to evaluate.
+        state_dict: Its checkpoint's state dict, keys relative to ``model``.
+        source: What the checkpoint is, for the message.
+        escape: The message's last sentence (how to go on anyway), if any.
+
+    Raises:
+        CheckpointCoverageError: naming both operators and the fix.
+    """
     from mmlinvit.backbones.training_record import decode_names
     from mmlinvit.backbones.vit import VisionTransformer, operator_name
     for prefix, module in model.named_modules():
@@ -167,8 +181,7 @@ def _check_evaluated_operators(model: nn.Module, state_dict: Mapping[str, Any],
                 f'blocks {blocks}: the weights would be evaluated with an operator they were not '
                 f'trained with. Evaluate with the config that trained them (or '
                 f'--cfg-options {"model." + prefix if prefix else "model"}.attn_cfg=... with the '
-                f'checkpoint\'s operators). To evaluate anyway, pass --cfg-options '
-                f'check_checkpoint_coverage=False.')
+                f'checkpoint\'s operators).{escape}')
 
 
 def _per_module(missing: List[str], model_keys: List[str]) -> str:

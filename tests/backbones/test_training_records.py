@@ -132,6 +132,20 @@ def test_operator_settings_travel_with_the_weights(tmp_path, via, other):
     vit(other, **PAPER_SETTING).load_state_dict(old)
 
 
+def test_only_the_settings_both_records_name_are_compared():
+    """A setting recorded by a later version (or an earlier one's missing) is not a clash."""
+    student = vit(dict(type='mhla'), **PAPER_SETTING)
+    state = student.state_dict()
+    later = [name + ' eps=1e-06' for name in decode_names(state['operator_settings'])]
+    state['operator_settings'] = encode_names(later, width=state['operator_settings'].shape[1])
+    vit(dict(type='mhla'), **PAPER_SETTING).load_state_dict(state)
+    state['operator_settings'] = encode_names(
+        [name.replace('block_grid=(2,2)', 'block_grid=(1,4)') for name in later],
+        width=state['operator_settings'].shape[1])
+    with pytest.raises(AttentionOperatorMismatchError, match='block_grid'):
+        vit(dict(type='mhla'), **PAPER_SETTING).load_state_dict(state)
+
+
 def test_mismatch_errors_are_value_errors():
     assert issubclass(AttentionOperatorMismatchError, TrainingRecordMismatchError)
     assert issubclass(TrainingRecordMismatchError, ValueError)

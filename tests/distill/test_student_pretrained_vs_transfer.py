@@ -102,6 +102,22 @@ def test_a_task_model_student_with_a_model_level_pretrained_is_refused(student_f
             MODELS.build(cfg)
 
 
+def test_a_pretrained_head_is_not_a_pretrained_student(student_file):
+    """A head's Pretrained init_cfg does not touch the backbone the transfer writes."""
+    path, _ = student_file
+    student = dict(type='ImageClassifier',
+                   backbone=dict(type='mmlinvit.VisionTransformer', attn_cfg='elu',
+                                 **dict(COMMON, out_type='cls_token')),
+                   head=dict(type='LinearClsHead', num_classes=3, in_channels=32,
+                             init_cfg=dict(type='Pretrained', checkpoint=path)))
+    cfg = config()
+    cfg['student'] = student
+    cfg['teacher'] = dict(cfg['teacher'], out_type='cls_token')
+    from mmengine.registry import DefaultScope
+    with DefaultScope.overwrite_default_scope('mmpretrain'):
+        MODELS.build(cfg)
+
+
 def test_teacher_layer_scale_without_place_is_refused_at_build_time():
     with pytest.raises(DistillationConfigError) as info:
         MODELS.build(config(teacher=dict(family='deit3')))

@@ -110,5 +110,8 @@ def test_train_tool_wraps_the_loader_once_and_can_be_switched_off():
     off = Config(dict(train_dataloader=loader, exact_resume=False))
     add_training_safeguards(off)
     assert off.train_dataloader.dataset == loader['dataset']
+    # the per-rank streams stay (RandomStateHook without saving / restoring states)
     assert [h['type'] for h in off.custom_hooks] == ['mmlinvit.CheckFiniteHook',
-                                                     'mmlinvit.SyncNormStatsHook']
+                                                     'mmlinvit.SyncNormStatsHook',
+                                                     'mmlinvit.RandomStateHook']
+    assert off.custom_hooks[-1]['save_states'] is False

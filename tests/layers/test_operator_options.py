@@ -16,3 +16,10 @@ def test_options_of_another_operator_are_named_with_the_fix():
     build_attention_operator(dict(type='mhla', block_grid=2), 32, 2)
     build_attention_operator(dict(type='elu', backend='torch', qkv_bias=False), 32, 2)
     build_attention_operator('relu', 32, 2, qkv_bias=False)
+
+
+def test_an_option_the_operator_fixes_itself_is_named():
+    """'elu' is the kernel operator with feature_map='elu': giving feature_map too ended in
+    Python's bare 'got multiple values' error."""
+    with pytest.raises(TypeError, match=r"feature_map.*the operator fixes that option itself"):
+        build_attention_operator(dict(type='elu', feature_map='relu'), 32, 2)

@@ -93,7 +93,8 @@ def load_weights(module: nn.Module, path: str, where: str,
     """
     from mmlinvit.backbones import VisionTransformer
     from mmlinvit.converters import load_checkpoint_file
-    from mmlinvit.engine.checkpoint_coverage import optional_model_keys
+    from mmlinvit.engine.checkpoint_coverage import (check_evaluated_operators,
+                                                     optional_model_keys)
     state = load_checkpoint_file(path, trust_checkpoint=trust_checkpoint)
     own = set(module.state_dict().keys())
     # keys a checkpoint may lack (training records of files from before them, a mask token):
@@ -114,6 +115,8 @@ def load_weights(module: nn.Module, path: str, where: str,
                 raise ValueError(f'{path} has the keys of the {where} but other shapes '
                                  f'(checkpoint vs model; another size or config?): '
                                  f'{shapes[:6]}{"..." if len(shapes) > 6 else ""}')
+            # softmax weights load into a linear operator only to start a linearization
+            check_evaluated_operators(module, sub, path, escape='')
             module.load_state_dict(sub, strict=False)  # only optional keys may be absent
             return prefix
         score = len(missing) + len(unexpected)

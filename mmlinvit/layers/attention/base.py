@@ -245,4 +245,12 @@ def build_attention_operator(cfg, embed_dims: int, num_heads: int, **defaults) -
                     f'A base\'s operator options stay when only attn_cfg.type is changed: '
                     f'give the whole operator instead, e.g. --cfg-options '
                     f'<...>.attn_cfg={name.split(".")[-1]} (or a dict with its own options)')
-    return ATTENTION_OPERATORS.build(cfg, embed_dims=embed_dims, num_heads=num_heads, **defaults)
+    try:
+        return ATTENTION_OPERATORS.build(cfg, embed_dims=embed_dims, num_heads=num_heads,
+                                         **defaults)
+    except TypeError as err:
+        if 'multiple values for keyword argument' not in str(err):
+            raise
+        raise TypeError(f'attn_cfg {cfg!r}: {err}: the operator fixes that option itself '
+                        f'(e.g. \'elu\' is the kernel operator with feature_map=\'elu\'); '
+                        f'drop it, or name the operator that has the wanted setting') from err

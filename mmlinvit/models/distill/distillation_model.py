@@ -303,9 +303,13 @@ class DistillationModel(BaseModel):
         where = 'model.student.backbone' if self.student_is_task_model else 'model.student'
         pretrained = getattr(student, 'pretrained', None)
         source = f'{where}.pretrained'
-        # a Pretrained init_cfg anywhere in the student (mmpretrain's ImageClassifier(
-        # pretrained=...) is one) loads it in init_weights() too, before the transfer
-        for name, module in self.student.named_modules():
+        # a Pretrained init_cfg of the student or of a module holding its backbone
+        # (mmpretrain's ImageClassifier(pretrained=...) is one) loads the backbone in
+        # init_weights() too, before the transfer; a head's does not touch it
+        holders = {name: module for name, module in self.student.named_modules()
+                   if module is student or any(m is student for m in module.modules())
+                   or any(m is module for m in student.modules())}
+        for name, module in holders.items():
             init_cfgs = getattr(module, 'init_cfg', None) or []
             for init_cfg in (init_cfgs if isinstance(init_cfgs, (list, tuple)) else [init_cfgs]):
                 if (not pretrained and isinstance(init_cfg, dict)
