@@ -234,11 +234,13 @@ def check_training_load_from(model: nn.Module, checkpoint: Mapping[str, Any],
                       if k != 'pos_embed' and hasattr(seen.get(stem + k), 'shape')
                       and tuple(seen[stem + k].shape) != tuple(v.shape)]
         if mismatched:
+            kept = ('pretrained= weights' if getattr(module, 'pretrained', None)
+                    else 'random initialisation')
             raise CheckpointCoverageError(
                 f'load_from {source} holds {len(mismatched)} weight(s) of the trainable '
                 f'backbone {prefix or "(the model)"!r} with another shape: mmengine would skip '
                 f'them (strict=False) and train them from their '
-                f'{"pretrained= weights" if getattr(module, "pretrained", None) else "random initialisation"}: '
+                f'{kept}: '
                 f'{"; ".join(mismatched[:6])}{" ..." if len(mismatched) > 6 else ""}. Check that '
                 f'it was written by a run of a model with this backbone (arch, mlp width). To '
                 f'train anyway, pass --cfg-options check_checkpoint_coverage=False.')

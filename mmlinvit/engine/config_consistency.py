@@ -182,8 +182,8 @@ def _class_count_problems(cfg: Any, mode: str = 'train') -> List[str]:
                 f'its classes (metainfo=dict(classes=...)) and type')
         loss_cls = head.get('loss_cls', None)
         weight = loss_cls.get('class_weight', None) if isinstance(loss_cls, dict) else None
-        if (_strip_scope(head.get('type')) == 'Mask2FormerHead' and isinstance(weight, (list, tuple))
-                and len(weight) != n + 1):
+        if (_strip_scope(head.get('type')) == 'Mask2FormerHead'
+                and isinstance(weight, (list, tuple)) and len(weight) != n + 1):
             problems.append(
                 f'{where}.loss_cls.class_weight has {len(weight)} entries but num_classes={n} '
                 f'needs {n + 1} (one per class and the no-object class; the run would stop at '
@@ -249,10 +249,11 @@ def _evaluation_problems(cfg: Any, mode: str) -> List[str]:
         topk = [topk] if isinstance(topk, int) else list(topk)
         if max(topk) > num_classes:
             where = key if not isinstance(evaluator, (list, tuple)) else f'{key}[{i}]'
+            defined = tuple(k for k in topk if k <= num_classes) or (1, )
             problems.append(
                 f'{where}.topk={tuple(topk)} but the model has {num_classes} classes: top-'
                 f'{max(topk)} accuracy is undefined and mmpretrain stops at the first '
-                f'evaluation. Fix: --cfg-options {where}.topk="{tuple(k for k in topk if k <= num_classes) or (1, )}"')
+                f'evaluation. Fix: --cfg-options {where}.topk="{defined}"')
     return problems
 
 
@@ -598,7 +599,7 @@ def _schedule_warnings(cfg: Any, train_samples: Optional[int] = None) -> List[st
                     f'{_limit_text(limit_key, limit)}: the run stops before its schedule does '
                     f'(the learning rate never reaches its end value). Fix: re-state '
                     f'param_scheduler with end={limit} (base variables are evaluated in the '
-                    f'base{"; or count it in epochs: by_epoch=True, convert_to_iter_based=True" if "=" in limit_key else ""}).')
+                    f'base{EPOCH_FORM if "=" in limit_key else ""}).')
             elif isinstance(begin, (int, float)) and begin >= limit:
                 warnings.append(
                     f'param_scheduler[{i}] ({_strip_scope(sched.get("type"))}) begins at '
@@ -607,9 +608,15 @@ def _schedule_warnings(cfg: Any, train_samples: Optional[int] = None) -> List[st
     return warnings
 
 
+#: The other fix of an iteration-unit scheduler in an epoch loop.
+EPOCH_FORM = '; or count it in epochs: by_epoch=True, convert_to_iter_based=True'
+
+
 def _limit_text(limit_key: str, limit: Any) -> str:
     """``train_cfg.max_iters=N``, or the estimate of an epoch loop's iterations."""
-    return f'{limit_key} {limit} iterations' if '=' in limit_key else f'train_cfg.{limit_key}={limit}'
+    if '=' in limit_key:
+        return f'{limit_key} {limit} iterations'
+    return f'train_cfg.{limit_key}={limit}'
 
 
 def _unused_blocks_warning(cfg: Any) -> Optional[str]:
