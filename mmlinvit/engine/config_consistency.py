@@ -429,17 +429,24 @@ def label_range_problems(cfg: Any, mode: str) -> List[str]:
     return problems
 
 
-def _reduce_zero_label(dataset: dict) -> Optional[bool]:
-    """A segmentation data set's ``reduce_zero_label``: the config's, else its type's default
-    (None when the type takes no such argument)."""
+def _reduce_zero_label_default(dataset: dict) -> Optional[Tuple[type, Any]]:
+    """(data set class, its ``reduce_zero_label`` default), or None when the type is unknown
+    or takes no such argument."""
     import inspect
     cls = _dataset_class(dataset.get('type'))
     if cls is None:
         return None
     param = inspect.signature(cls.__init__).parameters.get('reduce_zero_label')
-    if param is None:
+    return None if param is None else (cls, param.default)
+
+
+def _reduce_zero_label(dataset: dict) -> Optional[bool]:
+    """A segmentation data set's ``reduce_zero_label``: the config's, else its type's default
+    (None when the type takes no such argument)."""
+    found = _reduce_zero_label_default(dataset)
+    if found is None:
         return None
-    value = dataset.get('reduce_zero_label', param.default)
+    value = dataset.get('reduce_zero_label', found[1])
     return bool(value) if isinstance(value, (bool, int)) else None
 
 
@@ -491,13 +498,10 @@ def _reduce_zero_label_warnings(cfg: Any, mode: str) -> List[str]:
 def _reduce_zero_label_warning(cfg: Any, dataset: dict, where: str) -> Optional[str]:
     if dataset.get('reduce_zero_label', None) is not True:
         return None
-    import inspect
-    cls = _dataset_class(dataset.get('type'))
-    if cls is None:
+    found = _reduce_zero_label_default(dataset)
+    if found is None or found[1] is not False:
         return None
-    param = inspect.signature(cls.__init__).parameters.get('reduce_zero_label')
-    if param is None or param.default is not False:
-        return None
+    cls = found[0]
     count = _dataset_classes(dataset)
     top = _max_label(dataset, cfg.get('default_scope', None))
     if count is None or top is None or top >= count[0]:
