@@ -40,7 +40,8 @@ def identity_linear_attention_map(q: torch.Tensor, k: torch.Tensor, eps: float) 
         k: Keys (B, H, M, d).
         eps: Minimum magnitude of the normaliser.
     """
-    scores = q.float() @ k.float().transpose(-2, -1)
-    n = scores.shape[-1]
-    den = scores.sum(-1, keepdim=True) / n
-    return scores / (n * signed_safe_denominator(den, eps))
+    with autocast_disabled(q.device):  # fp32 under AMP too
+        scores = q.float() @ k.float().transpose(-2, -1)
+        n = scores.shape[-1]
+        den = scores.sum(-1, keepdim=True) / n
+        return scores / (n * signed_safe_denominator(den, eps))

@@ -226,7 +226,8 @@ def mhla_attention_map(phi_q: torch.Tensor, phi_k: torch.Tensor, block_of: torch
         eps: Normaliser epsilon.
     """
     n = phi_k.shape[-2]
-    weights = mhla_token_mixing_weights(block_of, mixing.float())
-    scores = weights * (phi_q.float() @ phi_k.float().transpose(-2, -1))
-    den = scores.sum(dim=-1, keepdim=True) / n
-    return scores / (n * signed_safe_denominator(den, eps))
+    with autocast_disabled(phi_q.device):  # fp32 under AMP too
+        weights = mhla_token_mixing_weights(block_of, mixing.float())
+        scores = weights * (phi_q.float() @ phi_k.float().transpose(-2, -1))
+        den = scores.sum(dim=-1, keepdim=True) / n
+        return scores / (n * signed_safe_denominator(den, eps))

@@ -107,3 +107,59 @@ def test_inline_fp32_with_large_shared_means_matches_fp64():
     ref = (s * qd @ (kd.transpose(-1, -2) @ vd / 4096) +
            (1 - s * qd @ kd.mean(-2).unsqueeze(-1)) * vd.mean(-2, keepdim=True))
     assert _rel(inline_attention_torch(q, k, v, s).double(), ref) < 5e-6
+
+
+# ---------------------------------------------------------------- explicit attention maps
+# ``attention_map()`` is what ``AttentionMapsRecorder`` records for ``AttentionMapLoss``,
+# which runs inside autocast under ``--amp``.  Unguarded, the ELU+1 map's fp16 row sums
+# overflowed at N = 1025 (88 % of rows exactly 0, the map loss 3,400x too large) and bf16
+# scores lost the map's q-gradient (13-26 % off): measured on the code before the guard.
+MAP_OPERATORS = [dict(type='softmax'), dict(type='elu'), dict(type='relu'),
+                 dict(type='hedgehog', feature_dims=16), dict(type='inline'),
+                 dict(type='mhla', block_grid=(2, 2)), dict(type='identity')]
+
+
+@pytest.mark.parametrize('cfg', MAP_OPERATORS, ids=lambda c: c['type'])
+@pytest.mark.parametrize('dtype', AUTOCAST_DTYPES)
+def test_attention_maps_are_fp32_under_autocast(cfg, dtype):
+    from mmlinvit.layers.attention import build_attention_operator
+    side, channels, heads = 32, 64, 2
+    op = build_attention_operator(dict(cfg), channels, heads).eval()
+    x = torch.randn(1, side * side + 1, channels, generator=torch.Generator().manual_seed(0))
+    with torch.autocast('cpu', dtype=dtype):
+        q, k, _ = op.split_qkv(x)  # the projections stay in the autocast dtype, as in forward
+        got = op.attention_map(x, (side, side), 1)
+    want = op.map_from_qk(q.float(), k.float(), (side, side), 1)  # autocast off
+    assert got.dtype == torch.float32
+    assert torch.isfinite(got).all()
+    assert _rel(got, want) < 1e-6
+
+
+def test_elu_map_rows_do_not_overflow_in_fp16():
+    from mmlinvit.layers.attention import build_attention_operator
+    side, channels, heads = 32, 128, 2  # N = 1025 tokens, head dim 64
+    op = build_attention_operator('elu', channels, heads).eval()
+    x = torch.randn(1, side * side + 1, channels, generator=torch.Generator().manual_seed(0))
+    with torch.autocast('cpu', dtype=torch.float16):
+        rows = op.attention_map(x, (side, side), 1).sum(-1)
+    assert torch.allclose(rows, torch.ones_like(rows), atol=1e-4)
+
+
+@pytest.mark.parametrize('dtype', AUTOCAST_DTYPES)
+def test_map_functions_keep_fp32_under_autocast(dtype):
+    from mmlinvit.ops.identity_attention import identity_linear_attention_map
+    from mmlinvit.ops.inline import inline_attention_map
+    from mmlinvit.ops.linear_attention.naive import linear_attention_map_naive
+    from mmlinvit.ops.mhla import mhla_attention_map, token_block_index
+    q, k = _tokens(1024, 64, 0.5, 1.0, 0), _tokens(1024, 64, 0.5, 1.0, 1)
+    blocks = token_block_index((32, 32), (2, 2), 0, q.device)
+    mixing = block_centre_mixing((2, 2))[None]
+    calls = [(linear_attention_map_naive, (q, k, 'elu', 1e-6)),
+             (inline_attention_map, (q, k, 64**-0.5)),
+             (identity_linear_attention_map, (q, k, 1e-6)),
+             (mhla_attention_map, (torch.relu(q), torch.relu(k), blocks, mixing, 1e-6))]
+    for fn, args in calls:
+        want = fn(*args)
+        got = _under_autocast(dtype, fn, *args)
+        assert got.dtype == torch.float32, fn.__name__
+        assert _rel(got, want) < 1e-6, fn.__name__

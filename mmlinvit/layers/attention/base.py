@@ -19,6 +19,7 @@ import torch
 import torch.nn as nn
 
 from mmlinvit.ops.linear_attention.dispatch import BACKEND_ENV_VAR, BACKENDS
+from mmlinvit.ops.precision import autocast_disabled
 from mmlinvit.utils import NameRegistry
 
 ATTENTION_OPERATORS = NameRegistry('attention operator')
@@ -165,10 +166,16 @@ class AttentionOperator(nn.Module):
                       num_prefix_tokens: int = 0) -> torch.Tensor:
         """The explicit (B, H, N, N) map (O(N^2); analysis and tests only).
 
-        Takes the arguments of :meth:`forward`; the map comes from :meth:`map_from_qk`.
+        Takes the arguments of :meth:`forward`; the map comes from :meth:`map_from_qk`, in
+        fp32 under automatic mixed precision too (q and k are projected as in :meth:`forward`,
+        in the autocast dtype; the map's products and row sums are not: in fp16 the ELU+1 row
+        sums overflow from about 1k tokens, and bf16 scores lose the map's q-gradient).
         """
         q, k, _ = self.split_qkv(x)
-        return self.map_from_qk(q, k, hw_shape, num_prefix_tokens)
+        if q.device.type == 'meta' or not torch.is_autocast_enabled(q.device.type):
+            return self.map_from_qk(q, k, hw_shape, num_prefix_tokens)
+        with autocast_disabled(q.device):  # the operator's own parameters are fp32 under AMP
+            return self.map_from_qk(q.float(), k.float(), hw_shape, num_prefix_tokens)
 
     def map_from_qk(self, q: torch.Tensor, k: torch.Tensor, hw_shape: Optional[Tuple[int, int]],
                     num_prefix_tokens: int) -> torch.Tensor:

@@ -13,6 +13,7 @@ which is ``phi(q_i) S / (phi(q_i) z + eps)`` with the 1/N-scaled sums
 import torch
 
 from ..feature_maps import get_feature_map
+from ..precision import autocast_disabled
 
 
 def linear_attention_map_naive(q: torch.Tensor, k: torch.Tensor, feature_map: str = 'elu',
@@ -29,9 +30,10 @@ def linear_attention_map_naive(q: torch.Tensor, k: torch.Tensor, feature_map: st
         The (B, H, N, M) map in fp32; rows sum to ~1 for positive feature maps.
     """
     phi = get_feature_map(feature_map)
-    phi_q, phi_k = phi(q.float()), phi(k.float())
-    scores = phi_q @ phi_k.transpose(-2, -1)
-    return scores / (scores.sum(-1, keepdim=True) + phi_k.shape[-2] * eps)
+    with autocast_disabled(q.device):  # fp32 under AMP too (fp16 row sums overflow at N ~ 1k)
+        phi_q, phi_k = phi(q.float()), phi(k.float())
+        scores = phi_q @ phi_k.transpose(-2, -1)
+        return scores / (scores.sum(-1, keepdim=True) + phi_k.shape[-2] * eps)
 
 
 def linear_attention_naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
