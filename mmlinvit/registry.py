@@ -14,9 +14,22 @@ from mmengine.registry import MODELS as MMENGINE_MODELS
 from mmengine.registry import OPTIM_WRAPPER_CONSTRUCTORS as MMENGINE_OPTIM_WRAPPER_CONSTRUCTORS
 from mmengine.registry import Registry
 
+from mmengine.runner.checkpoint import get_torch_safe_globals
+
+from mmlinvit.converters.loading import allow_checkpoint_globals
 from .log_forwarding import install as _install_log_forwarding
 
 _install_log_forwarding()
+
+
+def allow_runner_checkpoints() -> None:
+    """Lets :func:`mmlinvit.converters.load_checkpoint_file` read mmengine runner checkpoints
+    (``epoch_N.pth`` / ``iter_N.pth``: ``pretrained=``, ``export_student.py``...) safely, with
+    the allowlist mmengine's ``--resume`` reads them with (numpy arrays, ``HistoryBuffer``)."""
+    allow_checkpoint_globals(get_torch_safe_globals())
+
+
+allow_runner_checkpoints()
 
 #: Backbones, attention operators, distillation losses (all registered by
 #: :mod:`mmlinvit.models.register`), the distillation model, connectors, segmentors.

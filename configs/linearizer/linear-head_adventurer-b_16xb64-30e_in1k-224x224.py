@@ -3,11 +3,11 @@
 # The backbone starts from the distilled student: <distill work_dir>/student_backbone.pth,
 # written by ExportStudentHook during
 # vit-linearizer_clip-b16_adventurer-b_16xb64-300e_in1k-224x224.py.  A runner checkpoint of
-# that run works too once its weights are re-saved without training state:
-#   python tools/model_converters/export_student.py --trust-checkpoint \
+# that run works too, directly as pretrained= (Adventurer.init_weights reads its 'student.*'
+# keys; the connector is dropped) or exported once:
+#   python tools/model_converters/export_student.py \
 #       work_dirs/vit-linearizer_clip-b16_adventurer-b_16xb64-300e_in1k-224x224/epoch_300.pth \
 #       OUT.pth
-# (Adventurer.init_weights also reads 'student.*' keys directly; the connector is dropped.)
 # The backbone is built without a mask token: the distilled one is dropped when loading (it is
 # only used by masked distillation).
 # Optimiser / schedule: mmlinvit's fine-tuning defaults (finetune_adamw_30e.py), not published

@@ -6,7 +6,7 @@ import os
 import pickle
 import re
 import zipfile
-from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -33,6 +33,25 @@ logger = logging.getLogger(__name__)
 #: :func:`initialisable_missing_keys`).
 OPERATOR_EXTRA_KEY = re.compile(r'^blocks\.(\d+)\.attn\.(?!qkv\.|proj\.)')
 
+#: Classes and functions besides tensors that :func:`load_checkpoint_file`'s safe
+#: ``torch.load(weights_only=True)`` may rebuild (:func:`allow_checkpoint_globals`).
+_ALLOWED_GLOBALS: List[Any] = []
+
+
+def allow_checkpoint_globals(objects: Iterable[Any]) -> None:
+    """Lets the safe checkpoint read rebuild ``objects`` besides tensors.
+
+    :mod:`mmlinvit.registry` (the OpenMMLab integration) allows what mmengine's own
+    ``Runner.resume`` allows (``mmengine.runner.checkpoint.get_torch_safe_globals``: numpy
+    arrays and the ``HistoryBuffer`` of the message hub), so a runner checkpoint of this
+    project reads without a full unpickle, as ``--resume`` reads it.
+
+    Args:
+        objects: Classes / functions, as ``torch.serialization.add_safe_globals`` takes them.
+    """
+    for obj in objects:
+        if not any(obj is allowed for allowed in _ALLOWED_GLOBALS):
+            _ALLOWED_GLOBALS.append(obj)
 
 
 class CheckpointMismatchError(ValueError):
@@ -143,22 +162,23 @@ def load_checkpoint_file(path: str, trust_checkpoint: bool = False) -> StateDict
         state_dict, _ = _unwrap(dict(archive.state_dict()), repr(path))
         return state_dict
     try:
-        obj = torch.load(path, map_location='cpu', weights_only=True)
+        with torch.serialization.safe_globals(list(_ALLOWED_GLOBALS)):
+            obj = torch.load(path, map_location='cpu', weights_only=True)
     except pickle.UnpicklingError as err:
         if not trust_checkpoint:
             found = re.search(r'Unsupported global: GLOBAL ([\w.]+)', str(err))
             what = f' ({found.group(1)})' if found else ''
             raise UntrustedCheckpointError(
-                f'{path!r} holds Python objects besides tensors{what} (an mmengine runner '
-                f'checkpoint with its training state?), so the safe '
-                f'torch.load(weights_only=True) refuses it. If you trust the file, pass '
-                f'trust_checkpoint=True (CLI: --trust-checkpoint), or re-save only its '
-                f'weights once: a release (e.g. the public Adventurer code\'s files, which '
-                f'hold its argparse arguments) with python '
+                f'{path!r} holds Python objects besides tensors{what}, so the safe '
+                f'torch.load(weights_only=True) refuses it (a full unpickle can run code from '
+                f'the file). If you trust the file, re-save only its weights once: python '
                 f'tools/model_converters/convert_checkpoint.py {path} OUT.pth '
-                f'--trust-checkpoint, then pretrained=OUT.pth; the student of a distillation '
-                f'run with tools/model_converters/export_student.py CKPT OUT --trust-checkpoint '
-                f'(or use the student_backbone.pth written by mmlinvit.ExportStudentHook).'
+                f'--trust-checkpoint (a release, e.g. the public Adventurer code\'s files, '
+                f'which hold its argparse arguments), or, for the student of a distillation '
+                f'run, tools/model_converters/export_student.py {path} OUT.pth '
+                f'--trust-checkpoint (or use the student_backbone.pth written by '
+                f'mmlinvit.ExportStudentHook); then give OUT.pth (pretrained=OUT.pth). In '
+                f'Python, load_checkpoint_file / load_pretrained take trust_checkpoint=True.'
                 ) from err
         obj = torch.load(path, map_location='cpu', weights_only=False)
     state_dict, _ = _unwrap(obj, repr(path))

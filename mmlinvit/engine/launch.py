@@ -452,14 +452,14 @@ def user_errors() -> Tuple[type, ...]:
     """Errors whose message names the problem and the fix: the tools print them as one
     ``error:`` line (exit status 1) instead of a traceback."""
     from mmlinvit.backbones.training_record import TrainingRecordMismatchError
-    from mmlinvit.converters.loading import CheckpointMismatchError
+    from mmlinvit.converters.loading import CheckpointMismatchError, UntrustedCheckpointError
     from mmlinvit.distill.errors import DistillationConfigError
     from .checkpoint_coverage import CheckpointCoverageError
     from .preflight import PreflightError
     from .resume import ResumeError
     return (PreflightError, ResumeError, CheckpointFileError, CheckpointMismatchError,
             TrainingRecordMismatchError, DistillationConfigError, CheckpointCoverageError,
-            EvaluationFlagError, LaunchError, AmpDeviceError)
+            EvaluationFlagError, LaunchError, AmpDeviceError, UntrustedCheckpointError)
 
 
 def enable_tta(cfg: Config) -> None:

@@ -53,3 +53,37 @@ def test_mmlinvit_bases_from_an_uninstalled_checkout_are_an_error_line(tmp_path,
     with pytest.raises(SystemExit, match=r'^error: mmlinvit:: configs are not installed.*'
                        r'pip install -e'):
         load_tool(tool).main(args)
+
+
+def test_a_runner_checkpoint_as_pretrained_loads_and_an_untrusted_file_is_an_error_line(
+        tmp_path, toy_root):
+    """``pretrained=<runner checkpoint>`` stopped with two tracebacks whose first fix (an
+    ``--trust-checkpoint`` flag) tools/train.py does not have: a runner checkpoint of this
+    project now reads safely with mmengine's allowlist (as ``--resume`` reads it), and a file
+    holding other objects is one ``error:`` line naming the one-time re-save."""
+    import argparse
+
+    cfg = toy_config(toy_root, str(tmp_path / 'first'), max_iters=1, interval=1)
+    load_tool('train').main([dump(cfg, str(tmp_path / 'first.py'))])
+    ckpt = tmp_path / 'first' / 'iter_1.pth'
+    trained = torch.load(ckpt, map_location='cpu', weights_only=False)
+    assert 'message_hub' in trained  # a genuine runner checkpoint
+
+    from mmengine.registry import MODELS, init_default_scope
+    init_default_scope('mmseg')
+    backbone = copy.deepcopy(cfg.model.backbone)
+    backbone.pretrained = str(ckpt)
+    model = MODELS.build(backbone)
+    model.init_weights()
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, trained['state_dict']['backbone.' + key]), key
+
+    foreign = tmp_path / 'foreign.pth'
+    torch.save(dict(state_dict=trained['state_dict'], args=argparse.Namespace(lr=0.1)), foreign)
+    second = toy_config(toy_root, str(tmp_path / 'second'), max_iters=1)
+    second.model.backbone.pretrained = str(foreign)
+    with pytest.raises(SystemExit, match=r'(?s)^error: .*argparse\.Namespace.*'
+                       r'convert_checkpoint\.py .*--trust-checkpoint') as info:
+        load_tool('train').main([dump(second, str(tmp_path / 'second.py'))])
+    assert 'Traceback' not in str(info.value)
+    assert 'CLI: --trust-checkpoint' not in str(info.value)

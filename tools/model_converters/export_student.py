@@ -5,7 +5,9 @@ Usage::
     python tools/model_converters/export_student.py SRC DST [--trust-checkpoint]
 
 SRC is a checkpoint of a distillation run (``epoch_N.pth`` / ``iter_N.pth`` of the runner, or
-any state dict with ``student.*`` keys).  DST receives the student backbone's weights alone:
+any state dict with ``student.*`` keys).  A runner checkpoint is read safely
+(``weights_only=True`` with mmengine's allowlist, as ``--resume`` reads it);
+``--trust-checkpoint`` is only needed for files holding other Python objects.  DST receives the student backbone's weights alone:
 the keys under ``student.backbone.`` (task-model student) or ``student.`` (bare-backbone
 student, e.g. the ViT-Linearizer Adventurer) with the prefix removed, as a plain
 ``{name: tensor}`` dict readable with ``torch.load(weights_only=True)`` -- the same file
@@ -22,6 +24,7 @@ import torch
 
 from mmlinvit.converters import (STUDENT_PREFIXES, UntrustedCheckpointError,
                                  load_checkpoint_file, select_backbone)
+from mmlinvit.registry import allow_runner_checkpoints
 from mmlinvit.utils.cli import checkpoint_io_parser
 
 
@@ -55,12 +58,14 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         'Export the student backbone of a distillation checkpoint.',
         ('src', 'distillation checkpoint (runner epoch_N.pth / iter_N.pth)'),
         ('dst', 'output weights file'),
-        trust='a runner checkpoint, which holds training state besides tensors').parse_args(argv)
+        trust='a file holding Python objects besides tensors and mmengine\'s training state '
+              '(runner checkpoints of this project read without it)').parse_args(argv)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Runs the export; returns the process exit code."""
     args = parse_args(argv)
+    allow_runner_checkpoints()
     try:
         raw = load_checkpoint_file(args.src, trust_checkpoint=args.trust_checkpoint)
         state, prefix, dropped = select_student_backbone(raw)
