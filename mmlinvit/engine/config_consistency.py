@@ -279,11 +279,21 @@ def _save_best_problem(cfg: Any) -> Optional[str]:
 
 #: Label maps read to see whether labels run up to the class count (1-based labels).
 LABEL_SAMPLE = 32
+#: Label maps read before the ``reduce_zero_label`` warning says the last class is missing
+#: (a class absent from the first sample may only be rare).
+LABEL_CONFIRM_SAMPLE = 512
 
 
-def _sampled_labels(dataset: dict, scope: Optional[str]) -> Optional[Tuple[set, Any]]:
+def _sampled_labels(dataset: dict, scope: Optional[str],
+                    limit: int = LABEL_SAMPLE) -> Optional[Tuple[set, Any]]:
     """(labels in a sample of the data set's label maps, the lazily built data set), if the
-    maps are readable."""
+    maps are readable.
+
+    Args:
+        dataset: The data set config.
+        scope: The config's ``default_scope``.
+        limit: At most this many maps, evenly spaced over the sorted file list.
+    """
     import os.path as osp
 
     import numpy as np
@@ -299,9 +309,9 @@ def _sampled_labels(dataset: dict, scope: Optional[str]) -> Optional[Tuple[set, 
     if not folder or not suffix or not osp.isdir(folder):
         return None
     files = [f for f in _walk(folder) if f.endswith(suffix)]
-    step = max(len(files) // LABEL_SAMPLE, 1)
+    step = max(len(files) // limit, 1)
     labels = set()
-    for name in files[::step][:LABEL_SAMPLE]:
+    for name in files[::step][:limit]:
         try:
             with Image.open(osp.join(folder, name)) as label_map:
                 values = np.unique(np.asarray(label_map))
@@ -311,9 +321,10 @@ def _sampled_labels(dataset: dict, scope: Optional[str]) -> Optional[Tuple[set, 
     return labels, ds
 
 
-def _max_label(dataset: dict, scope: Optional[str]) -> Optional[int]:
-    """The largest label below 255 in a sample of the data set's label maps, if readable."""
-    found = _sampled_labels(dataset, scope)
+def _max_label(dataset: dict, scope: Optional[str], limit: int = LABEL_SAMPLE) -> Optional[int]:
+    """The largest label below 255 in a sample of at most ``limit`` of the data set's label
+    maps, if readable."""
+    found = _sampled_labels(dataset, scope, limit)
     labels = (found[0] - {255}) if found else set()
     return max(labels) if labels else None
 
@@ -436,8 +447,18 @@ def _reduce_zero_label_default(dataset: dict) -> Optional[Tuple[type, Any]]:
     cls = _dataset_class(dataset.get('type'))
     if cls is None:
         return None
-    param = inspect.signature(cls.__init__).parameters.get('reduce_zero_label')
-    return None if param is None else (cls, param.default)
+    # mmseg's COCOStuff / Cityscapes / PascalVOC / Synapse... data sets take **kwargs and pass
+    # reduce_zero_label on to BaseSegDataset: its default is theirs
+    for klass in cls.__mro__:
+        init = klass.__dict__.get('__init__')
+        if init is None:
+            continue
+        params = inspect.signature(init).parameters
+        if 'reduce_zero_label' in params:
+            return cls, params['reduce_zero_label'].default
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            return None  # the argument is not passed on
+    return None
 
 
 def _reduce_zero_label(dataset: dict) -> Optional[bool]:
@@ -503,17 +524,23 @@ def _reduce_zero_label_warning(cfg: Any, dataset: dict, where: str) -> Optional[
         return None
     cls = found[0]
     count = _dataset_classes(dataset)
-    top = _max_label(dataset, cfg.get('default_scope', None))
+    scope = cfg.get('default_scope', None)
+    top = _max_label(dataset, scope)
     if count is None or top is None or top >= count[0]:
         return None  # no label maps to read, or labels run 1..N as reduce_zero_label assumes
+    top = _max_label(dataset, scope, LABEL_CONFIRM_SAMPLE)  # the last class may only be rare
+    if top is None or top >= count[0]:
+        return None
     seen = (f'; no label {count[0]} (the last class when classes are labelled 1..{count[0]}) in '
-            f'{LABEL_SAMPLE} of its label maps, the largest is {top}, as 0-based labels would '
-            f'give')
+            f'up to {LABEL_CONFIRM_SAMPLE} of its label maps, the largest is {top}, as 0-based '
+            f'labels (0..{count[0] - 1}) would give')
     return (f'{where}.reduce_zero_label=True on a {cls.__name__} (whose default is False; '
             f'the ADE20K bases set True){seen}. It reads label 0 as "ignore" and moves every '
             f'other label down by one: right when label 0 means unlabelled and the classes are '
-            f'1..N (ADE20K\'s convention), wrong for 0-based labels, which need '
-            f'{where}.reduce_zero_label=False (and in the other data sets).')
+            f'1..N (ADE20K\'s convention; then class {count[0]} is only absent from these '
+            f'maps), wrong for 0-based labels (e.g. COCO-Stuff 164k, Cityscapes '
+            f'*_labelTrainIds, Pascal VOC), which need {where}.reduce_zero_label=False (and in '
+            f'the other data sets).')
 
 
 def _preprocessor(cfg: Any) -> Optional[Tuple[str, dict]]:

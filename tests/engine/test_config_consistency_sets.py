@@ -166,3 +166,71 @@ def test_mask2former_class_weight_given_as_a_tuple_is_checked(tmp_path, toy_root
                                  loss_cls=dict(class_weight=(1.0, ) * 150 + (0.1, )))
     with pytest.raises(ConfigConsistencyError, match='class_weight has 151 entries'):
         check_config_consistency(cfg)
+
+
+@pytest.mark.parametrize('dataset_type', ['COCOStuffDataset', 'CityscapesDataset',
+                                          'PascalVOCDataset', 'SynapseDataset'])
+def test_reduce_zero_label_of_types_that_pass_it_on(tmp_path, toy_root, dataset_type):
+    """mmseg types whose ``__init__`` takes ``**kwargs`` and passes ``reduce_zero_label`` on to
+    ``BaseSegDataset`` (default False) were skipped by both ``reduce_zero_label`` checks: an
+    ADE20K base's True kept on COCO-Stuff / Cityscapes scored perfect predictions 0.00 mIoU
+    (right: 100.00), no word, while the same mistake on Pascal Context was warned."""
+    from mmlinvit.engine.config_consistency import _reduce_zero_label_default
+    assert _reduce_zero_label_default(dict(type=dataset_type))[1] is False
+    assert _reduce_zero_label_default(dict(type='ADE20KDataset'))[1] is True
+    cfg = validated(toy_root, tmp_path)
+    cfg.train_dataloader.dataset.update(type=dataset_type, metainfo=None, reduce_zero_label=False)
+    cfg.val_dataloader.dataset.update(type=dataset_type, metainfo=None)  # the base's True kept
+    with pytest.raises(ConfigConsistencyError,
+                       match=r'val_dataloader.dataset.reduce_zero_label=True but the training '
+                             r'set .*reduce_zero_label=False'):
+        check_config_consistency(cfg)
+
+
+@pytest.mark.parametrize('dataset_type,num_classes', [('COCOStuffDataset', 171),
+                                                      ('CityscapesDataset', 19)])
+def test_kept_ade20k_reduce_zero_label_on_0_based_types_is_warned(tmp_path, toy_root,
+                                                                  warnings_logged, dataset_type,
+                                                                  num_classes):
+    cfg = validated(toy_root, tmp_path)
+    for loader in (cfg.train_dataloader, cfg.val_dataloader):
+        loader.dataset.update(type=dataset_type, metainfo=None, img_suffix='.jpg',
+                              seg_map_suffix='.png')  # the ADE20K base's True kept
+    cfg.model.decode_head.num_classes = num_classes
+    check_config_consistency(cfg)
+    text = '\n'.join(warnings_logged)
+    assert f'train_dataloader.dataset.reduce_zero_label=True on a {dataset_type}' in text
+    assert 'need train_dataloader.dataset.reduce_zero_label=False' in text
+
+
+def _label_maps(root, maps) -> str:
+    import os
+
+    import numpy as np
+    from PIL import Image
+    folder = os.path.join(root, 'annotations', 'training')
+    os.makedirs(folder)
+    os.makedirs(os.path.join(root, 'images', 'training'))  # the data set needs it to build
+    for i, values in enumerate(maps):
+        label = np.zeros((8, 8), np.uint8)
+        label.flat[:len(values)] = values
+        Image.fromarray(label).save(os.path.join(folder, f'{i:03d}.png'))
+    return root
+
+
+@pytest.mark.parametrize('rare_last_class', [True, False])
+def test_a_rare_last_class_is_not_read_as_0_based_labels(tmp_path, toy_root, warnings_logged,
+                                                         rare_last_class):
+    """ADE20K-convention data (0 unlabelled, classes 1..7) whose class 7 occurs only in the
+    40th of 40 maps was warned as 0-based after the first 32 maps, with
+    reduce_zero_label=False as the fix, which shifts every label; 0-based data (0..6) still
+    is."""
+    maps = [[0, 1, 2, 3, 4, 5, 6]] * 39 + [[7 if rare_last_class else 6]]
+    root = _label_maps(str(tmp_path / 'data'), maps)
+    cfg = toy_config(toy_root, str(tmp_path / 'wd'))
+    cfg.train_dataloader.dataset.update(data_root=root, reduce_zero_label=True)
+    cfg.train_dataloader.dataset.metainfo = dict(classes=tuple(f'c{i}' for i in range(7)))
+    cfg.model.decode_head.num_classes = 7
+    check_config_consistency(cfg)
+    warned = [m for m in warnings_logged if 'reduce_zero_label=True on a BaseSegDataset' in m]
+    assert bool(warned) is not rare_last_class
