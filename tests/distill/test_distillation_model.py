@@ -454,6 +454,22 @@ def test_student_data_preprocessor_that_differs_is_refused():
     MODELS.build(cfg)
 
 
+def test_a_data_preprocessor_without_type_takes_the_students():
+    """mmpretrain's data set bases (cifar10_bs16, cub_bs8_448, ...) give data_preprocessor
+    without a type, which its ImageClassifier completes: a distillation recipe on such a base
+    stopped with a bare registry KeyError."""
+    from mmpretrain.models import ClsDataPreprocessor
+    settings = dict(num_classes=3, mean=[125.307, 122.961, 113.8575],
+                    std=[51.5865, 50.847, 51.255], to_rgb=False)  # CIFAR's
+    model = MODELS.build(task_distill_model(classifier_student(), dict(settings)))
+    assert type(model.data_preprocessor) is ClsDataPreprocessor
+    assert torch.allclose(model.data_preprocessor.mean.flatten(), torch.tensor(settings['mean']))
+    assert torch.allclose(model.data_preprocessor.std.flatten(), torch.tensor(settings['std']))
+    # a bare-backbone student has no preprocessor to take the type from
+    with pytest.raises(DistillationConfigError, match=r'data_preprocessor\.type'):
+        MODELS.build(attn_out_model(data_preprocessor=dict(settings)))
+
+
 def test_batch_augments_of_the_model_preprocessor_run_for_the_student():
     from mmpretrain.structures import DataSample
     cfg = task_distill_model(

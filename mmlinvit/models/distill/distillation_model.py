@@ -53,7 +53,8 @@ from .errors import DistillationConfigError
 from .input_specs import InputSpec, token_layout
 from .recorders import attach_recorders, recording
 from .stage_depths import check_stage_depths
-from .student_preprocessing import check_student_preprocessing, refuse_student_settings
+from .student_preprocessing import (build_untyped_preprocessor, check_student_preprocessing,
+                                    refuse_student_settings)
 from .teacher import build_frozen_teacher
 from .teacher_input_norm import (TeacherInputNorm, fold_into_patch_embedding,
                                  student_input_stats)
@@ -137,7 +138,9 @@ class DistillationModel(BaseModel):
             teacher sees the student's batch.  A teacher backbone of family ``'clip'`` whose
             input statistics (these, or the data preprocessor's) are not OpenAI CLIP's is
             warned at build time, naming the fix.
-        data_preprocessor: Data preprocessor config; ``None`` reuses the student's when it
+        data_preprocessor: Data preprocessor config (one without ``type``, as mmpretrain's data
+            set bases give it, takes the student's preprocessor type); ``None`` reuses the
+            student's when it
             is a task model.  It preprocesses every batch, for teacher and student: a
             student ``data_preprocessor`` or ``train_cfg`` batch augments that differ from it
             are refused at build time
@@ -173,10 +176,17 @@ class DistillationModel(BaseModel):
                  **student_settings: object) -> None:
         refuse_student_settings(student_settings)
         check_student_preprocessing(student, data_preprocessor)
-        super().__init__(data_preprocessor=data_preprocessor, init_cfg=init_cfg)
+        # mmpretrain's data set bases give data_preprocessor without a type (its
+        # ImageClassifier fills in its own): the student's preprocessor type is taken below
+        untyped = isinstance(data_preprocessor, dict) and 'type' not in data_preprocessor
+        super().__init__(data_preprocessor=None if untyped else data_preprocessor,
+                         init_cfg=init_cfg)
         self.student = MODELS.build(student)
         self.student_is_task_model = isinstance(self.student, BaseModel)
-        if data_preprocessor is None and self.student_is_task_model:
+        if untyped:
+            self.data_preprocessor = build_untyped_preprocessor(
+                data_preprocessor, self.student if self.student_is_task_model else None)
+        elif data_preprocessor is None and self.student_is_task_model:
             self.data_preprocessor = self.student.data_preprocessor
         distill_losses = dict(distill_losses or {})
         self.check_finite = check_finite

@@ -125,3 +125,33 @@ def refuse_student_settings(settings: dict) -> None:
         f'DistillationModel got {names}, which it does not take: settings of the trained '
         f'model (test_cfg, train_cfg, backbone, heads, ...) go under model.student in a '
         f'distillation config ({moved}; e.g. --cfg-options model.student.test_cfg.mode=slide)')
+
+
+def build_untyped_preprocessor(cfg: dict, student: Optional[nn.Module]) -> nn.Module:
+    """The distillation model's ``data_preprocessor`` from a config without ``type``.
+
+    mmpretrain's data set bases give ``data_preprocessor = dict(num_classes=..., mean=...,
+    std=..., to_rgb=...)`` without a type, which its ``ImageClassifier`` completes with its own
+    preprocessor type; a distillation model built with such a base takes the type of its
+    task-model student's preprocessor the same way.
+
+    Args:
+        cfg: The preprocessor settings, without ``type``.
+        student: The built student task model (``None``: a bare-backbone student, which has no
+            preprocessor to take the type from).
+
+    Returns:
+        The built preprocessor.
+
+    Raises:
+        DistillationConfigError: for a bare-backbone student, naming ``data_preprocessor.type``.
+    """
+    if student is None:
+        raise DistillationConfigError(
+            f'data_preprocessor={_plain(cfg)} has no type (mmpretrain\'s data set bases give it '
+            f'without one) and the student is a bare backbone, whose type could be taken: set '
+            f'data_preprocessor.type in the config, e.g. '
+            f"data_preprocessor=dict(type='mmpretrain.ClsDataPreprocessor', ...) for "
+            f"classification, 'mmseg.SegDataPreProcessor' for segmentation.")
+    from mmengine.registry import MODELS
+    return MODELS.build(dict(_plain(cfg), type=type(student.data_preprocessor)))
