@@ -2,18 +2,24 @@
 
 Usage::
 
-    python tools/model_converters/export_student.py SRC DST [--trust-checkpoint]
+    python tools/model_converters/export_student.py SRC DST [--whole-student]
+        [--trust-checkpoint]
 
 SRC is a checkpoint of a distillation run (``epoch_N.pth`` / ``iter_N.pth`` of the runner, or
 any state dict with ``student.*`` keys).  A runner checkpoint is read safely
 (``weights_only=True`` with mmengine's allowlist, as ``--resume`` reads it);
-``--trust-checkpoint`` is only needed for files holding other Python objects.  DST receives the student backbone's weights alone:
-the keys under ``student.backbone.`` (task-model student) or ``student.`` (bare-backbone
+``--trust-checkpoint`` is only needed for files holding other Python objects.  DST receives
+the student backbone's weights alone: the keys under ``student.backbone.`` (task-model student) or ``student.`` (bare-backbone
 student, e.g. the ViT-Linearizer Adventurer) with the prefix removed, as a plain
 ``{name: tensor}`` dict readable with ``torch.load(weights_only=True)`` -- the same file
 ``mmlinvit.ExportStudentHook`` writes.  Connectors, the wrapper's mask token and masking
 step, and everything else outside the student backbone are left out and listed.  No layout
 conversion happens: backbone configs load DST with ``pretrained=DST``.
+
+``--whole-student`` keeps the whole student task model instead (``student.*`` without the
+prefix: the backbone with the trained head / neck / decode heads), the checkpoint of a plain
+student config: ``tools/test.py STUDENT_CONFIG DST`` and ``tools/infer.py`` evaluate and run the
+distilled classifier or segmentor without the teacher.
 """
 import argparse
 import os
@@ -52,14 +58,46 @@ def select_student_backbone(
                    f'{sorted(state_dict)[:8]}); a plain backbone file needs no export')
 
 
+def select_whole_student(
+        state_dict: Dict[str, torch.Tensor]) -> Tuple[Dict[str, torch.Tensor], List[str]]:
+    """Keeps the whole student of a distillation checkpoint (``student.*``, prefix removed).
+
+    Args:
+        state_dict: Flat checkpoint state dict (``module.`` already stripped or not).
+
+    Returns:
+        (student state dict, the dropped keys).
+
+    Raises:
+        KeyError: when no key starts with ``student.``.
+    """
+    kept, dropped = {}, []
+    for key, value in state_dict.items():
+        name = key[len('module.'):] if key.startswith('module.') else key
+        if name.startswith('student.'):
+            kept[name[len('student.'):]] = value
+        else:
+            dropped.append(key)
+    if not kept:
+        raise KeyError(f'No key starts with \'student.\': this is not a '
+                       f'mmlinvit.DistillationModel checkpoint (first keys: '
+                       f'{sorted(state_dict)[:8]})')
+    return kept, sorted(dropped)
+
+
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     """Command-line arguments."""
-    return checkpoint_io_parser(
+    parser = checkpoint_io_parser(
         'Export the student backbone of a distillation checkpoint.',
         ('src', 'distillation checkpoint (runner epoch_N.pth / iter_N.pth)'),
         ('dst', 'output weights file'),
         trust='a file holding Python objects besides tensors and mmengine\'s training state '
-              '(runner checkpoints of this project read without it)').parse_args(argv)
+              '(runner checkpoints of this project read without it)')
+    parser.add_argument('--whole-student', action='store_true',
+                        help='keep the whole student task model (backbone and trained head / '
+                             'neck / decode heads, keys without "student."), the checkpoint of '
+                             'a plain student config for tools/test.py and tools/infer.py')
+    return parser.parse_args(argv)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -68,7 +106,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     allow_runner_checkpoints()
     try:
         raw = load_checkpoint_file(args.src, trust_checkpoint=args.trust_checkpoint)
-        state, prefix, dropped = select_student_backbone(raw)
+        if args.whole_student:
+            state, dropped = select_whole_student(raw)
+            prefix = 'student.'
+        else:
+            state, prefix, dropped = select_student_backbone(raw)
     except (OSError, UntrustedCheckpointError, KeyError, TypeError, ValueError) as err:
         print(f'error: {err}', file=sys.stderr)
         return 1
