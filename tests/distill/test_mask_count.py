@@ -1,0 +1,58 @@
+"""How many patches ViT-Linearizer's patch masking masks per image.
+
+Guards :func:`mmlinvit.distill.patch_masking.sample_patch_mask` and
+:meth:`~mmlinvit.distill.patch_masking.PatchMasking.sample`, whose documented contract is
+``round(ratio * N)`` masked patches in every image of the batch (N = patches of the
+corner-padded grid).  The default 196 x 0.75 = 147 is an integer, so truncating instead of
+rounding (``int(ratio * N)``, one patch fewer whenever ``ratio * N`` has a fractional part
+>= 0.5) changed nothing the existing tests looked at (mutation-audit survivor m44).  The cases
+below are chosen where rounding and truncation differ: 5 x 0.75 = 3.75, 7 x 0.7 = 4.9,
+9 x 0.55 = 4.95, 37 x 37 x 0.75 = 1026.75 (DINOv2's 518 px grid), 3 x 0.9 = 2.7, plus integer
+products (10 x 0.3, 196 x 0.75) and ratio 0.  Exact .5 ties are left out: the docstring does not
+say how they round.
+"""
+import pytest
+import torch
+
+from mmlinvit.distill import PatchMasking, sample_patch_mask
+
+# (N, ratio, round(ratio * N))
+CASES = [
+    (5, 0.75, 4),       # 3.75: floor would give 3
+    (7, 0.7, 5),        # 4.9
+    (9, 0.55, 5),       # 4.95
+    (3, 0.9, 3),        # 2.7
+    (37 * 37, 0.75, 1027),  # 1026.75
+    (10, 0.3, 3),       # 3.0000000000000004 (an integer up to fp error)
+    (196, 0.75, 147),   # the default ViT-B/16 grid
+    (50, 0.0, 0),
+]
+
+
+@pytest.mark.parametrize('num_patches,ratio,expected', CASES)
+def test_masks_round_ratio_times_n_patches_per_image(num_patches, ratio, expected):
+    assert expected == int(round(ratio * num_patches))  # the docstring's formula
+    for step in (0, 1, 7):
+        for rank in (0, 3):
+            mask = sample_patch_mask(4, num_patches, ratio, seed=0, step=step, rank=rank)
+            assert mask.shape == (4, num_patches) and mask.dtype == torch.bool
+            assert mask.sum(dim=1).tolist() == [expected] * 4, (num_patches, ratio, step, rank)
+
+
+def test_each_image_draws_its_own_set():
+    """Same count, different patches: the images of a batch are masked independently."""
+    mask = sample_patch_mask(8, 37 * 37, 0.75, seed=1, step=0)
+    assert mask.sum(dim=1).eq(1027).all()
+    assert len({tuple(row.nonzero().flatten().tolist()) for row in mask}) == 8
+
+
+def test_patch_masking_component_counts_on_the_corner_padded_grid():
+    """``PatchMasking.sample``: a 40 x 40 batch at patch 14 has a 3 x 3 corner-padded grid,
+    N = 9, and 0.75 x 9 = 6.75 -> 7 masked patches per image (truncation would give 6)."""
+    component = PatchMasking(ratio=0.75, seed=0)
+    mask = component.sample(torch.zeros(3, 3, 40, 40), patch_size=14, step=2)
+    assert mask.shape == (3, 9)
+    assert mask.sum(dim=1).tolist() == [7, 7, 7]
+    # 5 x 0.75 = 3.75 -> 4 on a 1 x 5 grid (16 x 80 images at patch 16).
+    mask = PatchMasking(ratio=0.75, seed=0).sample(torch.zeros(2, 3, 16, 80), 16, step=0)
+    assert mask.shape == (2, 5) and mask.sum(dim=1).tolist() == [4, 4]
