@@ -1,14 +1,15 @@
 """O(N^2) references for non-causal kernel linear attention (tests only).
 
-Both build the full N x N attention map explicitly.  They define the semantics the O(N)
-implementations (:mod:`.torch_impl`, :mod:`.triton_kernel`) must reproduce, with the same
-arguments (raw q, k, v and the feature map's name):
+Both build the full N x M attention map explicitly (N queries, M keys; M = N in
+self-attention).  They define the semantics the O(N) implementations (:mod:`.torch_impl`,
+:mod:`.triton_kernel`) must reproduce, with the same arguments (raw q, k, v and the feature
+map's name):
 
-    A_ij = phi(q_i).phi(k_j) / (sum_l phi(q_i).phi(k_l) + N * eps)
+    A_ij = phi(q_i).phi(k_j) / (sum_l phi(q_i).phi(k_l) + M * eps)
     out_i = sum_j A_ij v_j
 
-which is ``phi(q_i) S / (phi(q_i) z + eps)`` with the 1/N-scaled sums
-``S = phi(K)^T V / N`` and ``z = mean_j phi(k_j)``.
+which is ``phi(q_i) S / (phi(q_i) z + eps)`` with the 1/M-scaled sums
+``S = phi(K)^T V / M`` and ``z = mean_j phi(k_j)``.
 """
 import torch
 
