@@ -2,8 +2,7 @@
 # Stage-2 backbone (configs/_base_/models/adala-dinov2-l-elu.py), fine-tuned on ImageNet-1k at
 # 512 x 512, 64 GPUs x 16 images (the 1024 images per step of finetune_adamw_30e.py).  The
 # backbone loads the student weights Stage 2 exported (ExportStudentHook); a Stage-2 runner
-# checkpoint works too (its 'student.' prefix is stripped by mmlinvit.converters) once
-# re-saved without training state.
+# checkpoint works too (its 'student.' prefix is stripped by mmlinvit.converters).
 _base_ = [
     '../_base_/datasets/imagenet_bs64.py',
     '../_base_/schedules/finetune_adamw_30e.py',

@@ -5,7 +5,7 @@ import copy
 import pytest
 import torch
 
-from train_testing import dump, load_tool, make_toy_scenes, toy_config
+from train_testing import dump, load_tool, make_toy_scenes, toy_config, with_validation
 
 pytestmark = pytest.mark.usefixtures('one_thread')
 
@@ -63,11 +63,14 @@ def test_a_runner_checkpoint_as_pretrained_loads_and_an_untrusted_file_is_an_err
     holding other objects is one ``error:`` line naming the one-time re-save."""
     import argparse
 
-    cfg = toy_config(toy_root, str(tmp_path / 'first'), max_iters=1, interval=1)
+    cfg = with_validation(toy_config(toy_root, str(tmp_path / 'first'), max_iters=1,
+                                     interval=1), toy_root, interval=1, save_best='mIoU')
     load_tool('train').main([dump(cfg, str(tmp_path / 'first.py'))])
     ckpt = tmp_path / 'first' / 'iter_1.pth'
     trained = torch.load(ckpt, map_location='cpu', weights_only=False)
     assert 'message_hub' in trained  # a genuine runner checkpoint
+    # mmseg's IoUMetric gives save_best a numpy float32, pickled with its numpy dtype class
+    assert type(trained['message_hub']['runtime_info']['best_score']).__module__ == 'numpy'
 
     from mmengine.registry import MODELS, init_default_scope
     init_default_scope('mmseg')

@@ -19,7 +19,7 @@ adala_missing_path_hints = {
     'python tools/train.py '
     'configs/adala/vit-adala-stage2-feat-align_dinov2-l-elu_8xb8-10e_in22k-512x512.py, or '
     'pass an existing one with --cfg-options model.backbone.pretrained=PATH (a Stage-2 runner '
-    'checkpoint also loads once re-saved with tools/model_converters/export_student.py).',
+    'checkpoint, epoch_N.pth, loads directly too).',
 }
 # The student itself.
 adala_backbone = dict(
