@@ -23,6 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from mmlinvit.ops.causal_conv import causal_depthwise_conv1d
+from mmlinvit.ops.precision import autocast_disabled
 from mmlinvit.ops.ssd import SSD_BACKENDS, ssd_scan
 from .norm import GatedRMSNorm
 
@@ -162,7 +163,9 @@ class Mamba2Mixer(nn.Module):
         also saves two transposes of xBC per block, 20 ms each in onnxruntime at 512), so
         that the scan reads x, B and C with contiguous channels.  On accelerators
         channels-first, the layout of ``nn.Conv1d`` (cuDNN), returned as a transposed view.
-        Same parameters, values equal to fp32 rounding.
+        Same parameters, values equal to fp32 rounding.  Under autocast the 16-bit xBC is
+        convolved with the fp32 weights in fp32 (the official ``causal_conv1d`` kernel's
+        precision); the result is in fp32 then, rounded once after the SiLU (:meth:`forward`).
         """
         batch, length, _ = u.shape
         w_xbc, b_xbc = self._in_proj_rows(1)
@@ -175,7 +178,10 @@ class Mamba2Mixer(nn.Module):
         else:
             xbc_t = torch.baddbmm(b_xbc[:, None].expand(batch, -1, length), w_xbc,
                                   u.transpose(1, 2))
-        return self.conv1d(xbc_t)[..., :length].transpose(1, 2)  # causal: drop the right pad
+        acc = torch.promote_types(xbc_t.dtype, self.conv1d.weight.dtype)
+        with autocast_disabled(xbc_t.device):
+            out = self.conv1d(xbc_t.to(acc))
+        return out[..., :length].transpose(1, 2)  # causal: drop the right pad
 
     def forward(self, u: torch.Tensor) -> torch.Tensor:
         """Mixes tokens u (B, L, d_model) causally along L; returns (B, L, d_model).
@@ -192,7 +198,8 @@ class Mamba2Mixer(nn.Module):
         # the scan (not alive during it).
         dt_raw = F.linear(u, *self._in_proj_rows(2))
         inference = not torch.is_grad_enabled()
-        xbc = F.silu(self.conv_input(u), inplace=inference)
+        # conv and SiLU in fp32 under autocast, one rounding to in_proj's (autocast) dtype
+        xbc = F.silu(self.conv_input(u), inplace=inference).to(dt_raw.dtype)
         x, b, c = torch.split(xbc, [self.d_inner, gn, gn], dim=-1)
         y = ssd_scan(
             x.reshape(batch, length, self.nheads, self.headdim),

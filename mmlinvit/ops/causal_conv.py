@@ -37,8 +37,9 @@ def causal_depthwise_conv1d(x: torch.Tensor, weight: torch.Tensor,
         channels_last: x (and the result) are token-major (batch, L, C).
 
     Returns:
-        The layout of x, in the dtype of x (the parameters are cast to it, as autocast does
-        for ``nn.Conv1d``).
+        The layout of x, in the wider of the dtypes of x and the weight: 16-bit x with fp32
+        parameters (autocast) is summed with the fp32 weights in fp32, as the official
+        ``causal_conv1d`` kernel does, and rounded once by the caller (after the SiLU).
 
     Raises:
         ValueError: shapes that do not form a depthwise convolution.
@@ -55,11 +56,12 @@ def causal_depthwise_conv1d(x: torch.Tensor, weight: torch.Tensor,
                          f'{tuple(bias.shape)}')
     taps = weight.shape[-1]
     length = x.shape[token_dim]
+    acc = torch.promote_types(x.dtype, weight.dtype)
     # Per-tap weights broadcast over the tokens: (K, C) rows or (K, C, 1) columns.
-    w = weight[:, 0].t().to(x.dtype)
+    w = weight[:, 0].t().to(acc)
     if not channels_last:
         w = w.unsqueeze(-1)
-    b = None if bias is None else bias.to(x.dtype)
+    b = None if bias is None else bias.to(acc)
     if b is not None and not channels_last:
         b = b[:, None]
     if capturing_graph():  # out-of-place ops only (no slice updates in ONNX / export graphs)
@@ -80,7 +82,7 @@ def causal_depthwise_conv1d(x: torch.Tensor, weight: torch.Tensor,
     # Without autograd, blocks of tokens small enough to stay in cache while the K taps pass
     # over them (1.6 vs 4.4 ms for the shapes above).  Every element sees the same
     # operations in the same order as in the whole-tensor form.
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    y = torch.empty(x.shape, dtype=acc, device=x.device)
     for start in range(0, length, CACHE_BLOCK_TOKENS):
         stop = min(length, start + CACHE_BLOCK_TOKENS)
         out = y.narrow(token_dim, start, stop - start)

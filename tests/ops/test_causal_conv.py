@@ -33,15 +33,35 @@ def test_forward_and_backward_match_conv1d(length, taps, bias):
 
 def test_strided_input_and_dtypes():
     """A transposed (token-major) input, and bf16 x with fp32 parameters (the autocast case:
-    the parameters take the dtype of x)."""
+    summed with the fp32 weights in fp32, as the official causal_conv1d kernel; the 16-bit
+    result of casting the weights to bf16 was 2-3x further off)."""
     conv = nn.Conv1d(5, 5, 4, groups=5, padding=3)
     x = torch.randn(2, 11, 5).transpose(1, 2)
     torch.testing.assert_close(causal_depthwise_conv1d(x, conv.weight, conv.bias),
                                _reference(conv, x.contiguous()), rtol=1e-6, atol=1e-6)
-    out = causal_depthwise_conv1d(x.bfloat16(), conv.weight, conv.bias)
-    assert out.dtype == torch.bfloat16
-    torch.testing.assert_close(out.float(), _reference(conv, x.contiguous()), rtol=3e-2,
-                               atol=3e-2)
+    x16 = x.bfloat16()
+    for grad in (False, True):
+        with torch.set_grad_enabled(grad):
+            out = causal_depthwise_conv1d(x16.requires_grad_(grad), conv.weight, conv.bias)
+        assert out.dtype == torch.float32
+        # exactly the fp32 convolution of the bf16 values
+        torch.testing.assert_close(out, _reference(conv, x16.detach().float().contiguous()),
+                                   rtol=1e-6, atol=1e-6)
+        x16 = x16.detach()
+
+
+def test_mixer_conv_and_silu_round_once_under_autocast():
+    """Under bf16 autocast the mixer's xBC is the bf16 rounding of silu(conv) computed in
+    fp32 from in_proj's bf16 output and the fp32 conv weights (the official policy)."""
+    torch.manual_seed(0)
+    mixer = Mamba2Mixer(32, d_state=8, headdim=16, chunk_size=8, bias=True)
+    u = torch.randn(2, 19, 32)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        xbc_lin = F.linear(u, *mixer._in_proj_rows(1))
+        got = mixer.conv_input(u)
+    assert xbc_lin.dtype == torch.bfloat16 and got.dtype == torch.float32
+    want = _reference(mixer.conv1d, xbc_lin.float().transpose(1, 2)).transpose(1, 2)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
 
 
 def test_bad_shapes_are_named():
