@@ -14,28 +14,9 @@ from mmengine.registry import MODELS as MMENGINE_MODELS
 from mmengine.registry import OPTIM_WRAPPER_CONSTRUCTORS as MMENGINE_OPTIM_WRAPPER_CONSTRUCTORS
 from mmengine.registry import Registry
 
-import numpy as np
-from mmengine.runner.checkpoint import get_torch_safe_globals
-
-from mmlinvit.converters.loading import allow_checkpoint_globals
 from .log_forwarding import install as _install_log_forwarding
 
 _install_log_forwarding()
-
-
-def allow_runner_checkpoints() -> None:
-    """Lets :func:`mmlinvit.converters.load_checkpoint_file` read mmengine runner checkpoints
-    (``epoch_N.pth`` / ``iter_N.pth``: ``pretrained=``, ``export_student.py``...) safely, with
-    the allowlist mmengine's ``--resume`` reads them with (numpy arrays, ``HistoryBuffer``) and
-    the numeric numpy scalar types (mmseg's ``IoUMetric`` gives ``save_best`` a numpy float32
-    ``best_score``; mmengine's resume falls back to a full unpickle there)."""
-    numeric_dtypes = [cls for cls in (getattr(np.dtypes, name) for name in dir(np.dtypes)
-                                      if name.endswith('DType'))
-                      if np.dtype(cls.type).kind in 'biufc']
-    allow_checkpoint_globals(get_torch_safe_globals() + numeric_dtypes)
-
-
-allow_runner_checkpoints()
 
 #: Backbones, attention operators, distillation losses (all registered by
 #: :mod:`mmlinvit.models.register`), the distillation model, connectors, segmentors.

@@ -6,7 +6,7 @@ import os
 import pickle
 import re
 import zipfile
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -33,25 +33,46 @@ logger = logging.getLogger(__name__)
 #: :func:`initialisable_missing_keys`).
 OPERATOR_EXTRA_KEY = re.compile(r'^blocks\.(\d+)\.attn\.(?!qkv\.|proj\.)')
 
-#: Classes and functions besides tensors that :func:`load_checkpoint_file`'s safe
-#: ``torch.load(weights_only=True)`` may rebuild (:func:`allow_checkpoint_globals`).
-_ALLOWED_GLOBALS: List[Any] = []
+
+class _DiscardedState:
+    """What an mmengine runner checkpoint's training state (message hub, numpy values) reads
+    as here: nothing.  Built from any arguments, it ignores the state it is given, so a
+    pickle cannot write attributes (``__setstate__``...) into it."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __setstate__(self, state: Any) -> None:
+        pass
 
 
-def allow_checkpoint_globals(objects: Iterable[Any]) -> None:
-    """Lets the safe checkpoint read rebuild ``objects`` besides tensors.
+def _discarded(*args: Any, **kwargs: Any) -> _DiscardedState:
+    return _DiscardedState()
 
-    :mod:`mmlinvit.registry` (the OpenMMLab integration) allows what mmengine's own
-    ``Runner.resume`` allows (``mmengine.runner.checkpoint.get_torch_safe_globals``: numpy
-    arrays and the ``HistoryBuffer`` of the message hub), so a runner checkpoint of this
-    project reads without a full unpickle, as ``--resume`` reads it.
 
-    Args:
-        objects: Classes / functions, as ``torch.serialization.add_safe_globals`` takes them.
-    """
-    for obj in objects:
-        if not any(obj is allowed for allowed in _ALLOWED_GLOBALS):
-            _ALLOWED_GLOBALS.append(obj)
+#: The objects besides tensors that an mmengine runner checkpoint (``epoch_N.pth``,
+#: ``iter_N.pth``) pickles in its training state: its ``HistoryBuffer`` s (with ``getattr``
+#: references to their statistics methods) and numpy arrays, dtypes and scalars (a
+#: ``save_best`` score of mmseg's ``IoUMetric`` is a numpy float32).  The safe read
+#: (:func:`load_checkpoint_file`) rebuilds them as :class:`_DiscardedState` stand-ins: only the
+#: tensors are read, and nothing of these names runs (mmengine's own allowlist, which
+#: ``Runner.resume`` then leaves for a full unpickle, admits the real ``getattr`` and
+#: ``HistoryBuffer``, with which a crafted file runs code).
+_TRAINING_STATE_NAMES = (
+    'builtins.getattr', 'mmengine.logging.history_buffer.HistoryBuffer',
+    'numpy.ndarray', 'numpy.dtype', 'numpy.core.multiarray._reconstruct',
+    'numpy._core.multiarray._reconstruct', 'numpy.core.multiarray.scalar',
+    'numpy._core.multiarray.scalar') + tuple(
+        f'numpy.dtypes.{kind}DType'
+        for kind in ('Bool', 'Float16', 'Float32', 'Float64', 'LongDouble', 'Complex64',
+                     'Complex128', 'CLongDouble', 'Int8', 'Int16', 'Int32', 'Int64',
+                     'LongLong', 'UInt8', 'UInt16', 'UInt32', 'UInt64', 'ULongLong'))
+
+
+def _training_state_stand_ins() -> List[Tuple[Any, str]]:
+    """``(stand-in, name)`` pairs for ``torch.serialization.safe_globals``."""
+    return [(_DiscardedState if name.rsplit('.', 1)[-1][:1].isupper() else _discarded, name)
+            for name in _TRAINING_STATE_NAMES]
 
 
 class CheckpointMismatchError(ValueError):
@@ -162,7 +183,7 @@ def load_checkpoint_file(path: str, trust_checkpoint: bool = False) -> StateDict
         state_dict, _ = _unwrap(dict(archive.state_dict()), repr(path))
         return state_dict
     try:
-        with torch.serialization.safe_globals(list(_ALLOWED_GLOBALS)):
+        with torch.serialization.safe_globals(_training_state_stand_ins()):
             obj = torch.load(path, map_location='cpu', weights_only=True)
     except pickle.UnpicklingError as err:
         if not trust_checkpoint:

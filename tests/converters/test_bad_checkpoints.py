@@ -297,3 +297,62 @@ def test_mmpretrain_round_trip(variant, tmp_path):
             got = ours.forward_tokens(x)[0]
         err = (got - expected).abs().max().item()
         assert err <= 1e-5, f'{variant} at {h}x{w}: max abs diff {err:.3g}'
+
+
+def test_runner_training_state_reads_as_inert_stand_ins(tmp_path):
+    """An mmengine runner checkpoint (message hub HistoryBuffers with getattr references,
+    numpy arrays and scalars) gives its state dict without --trust-checkpoint, whatever was
+    imported before; its training state is not rebuilt."""
+    import numpy as np
+    from mmengine.logging import HistoryBuffer
+    history = HistoryBuffer()
+    history.update(0.5)
+    ckpt = dict(meta=dict(seed=0, epoch=np.int64(1)),
+                state_dict=dinov2_hub_checkpoint(),
+                message_hub=dict(log_scalars={'train/loss': history},
+                                 runtime_info=dict(best_score=np.float32(41.5),
+                                                   ranks=np.arange(3))))
+    path = str(tmp_path / 'epoch_1.pth')
+    torch.save(ckpt, path)
+    import pickle
+    with pytest.raises(pickle.UnpicklingError):  # plain weights_only refuses it
+        torch.load(path, weights_only=True)
+    state = load_checkpoint_file(path)
+    assert state.keys() == ckpt['state_dict'].keys()
+    assert all(torch.equal(state[k], ckpt['state_dict'][k]) for k in state)
+
+
+def test_a_crafted_training_state_runs_no_code(tmp_path):
+    """A file that builds a HistoryBuffer, gives it ``exec`` (reached through ``getattr``) as
+    its ``__setstate__`` and then a code string: with mmengine's allowlist (the real getattr
+    and HistoryBuffer) the read ran the code; the stand-ins run nothing."""
+    import io
+    import struct
+    import zipfile
+    marker = tmp_path / 'ran'
+
+    def text(value: str) -> bytes:
+        raw = value.encode()
+        return b'X' + struct.pack('<I', len(raw)) + raw
+
+    getattr_ = b'cbuiltins\ngetattr\n'
+    program = (b'\x80\x02cmmengine.logging.history_buffer\nHistoryBuffer\n)R}'
+               + text('__setstate__') + getattr_ + b'(' + getattr_ + b'(' + getattr_
+               + text('__self__') + b'tR' + text('exec') + b'tRsb'
+               + text(f'open({str(marker)!r}, "w").write("ran")') + b'b.')
+    buffer = io.BytesIO()
+    torch.save({}, buffer)
+    buffer.seek(0)
+    path = str(tmp_path / 'crafted.pth')
+    with zipfile.ZipFile(buffer) as src, zipfile.ZipFile(path, 'w', zipfile.ZIP_STORED) as dst:
+        for info in src.infolist():
+            data = src.read(info.filename)
+            dst.writestr(info.filename, program if info.filename.endswith('data.pkl') else data)
+    with pytest.raises(TypeError, match='not a state dict'):
+        load_checkpoint_file(path)
+    assert not marker.exists()
+    # the program is what the test says: with the real getattr / HistoryBuffer it runs
+    from mmengine.logging import HistoryBuffer
+    with torch.serialization.safe_globals([getattr, HistoryBuffer]):
+        torch.load(path, weights_only=True)
+    assert marker.exists()

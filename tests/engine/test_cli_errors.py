@@ -59,7 +59,7 @@ def test_a_runner_checkpoint_as_pretrained_loads_and_an_untrusted_file_is_an_err
         tmp_path, toy_root):
     """``pretrained=<runner checkpoint>`` stopped with two tracebacks whose first fix (an
     ``--trust-checkpoint`` flag) tools/train.py does not have: a runner checkpoint of this
-    project now reads safely with mmengine's allowlist (as ``--resume`` reads it), and a file
+    project now reads safely (its training state as inert stand-ins), and a file
     holding other objects is one ``error:`` line naming the one-time re-save."""
     import argparse
 

@@ -99,7 +99,7 @@ def test_export_tool_and_distillation_checkpoints_load_into_adventurer(distilled
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
     out = str(tmp_path / 'student.pth')
-    # a runner checkpoint reads safely (mmengine's allowlist, as --resume): no flag needed
+    # a runner checkpoint reads safely (training state as inert stand-ins): no flag needed
     assert tool.main([distilled['ckpt'], out]) == 0
     exported = torch.load(distilled['exported'], weights_only=True)
     from_tool = torch.load(out, weights_only=True)
@@ -111,9 +111,7 @@ def test_export_tool_and_distillation_checkpoints_load_into_adventurer(distilled
                           pretrained=pretrained, **kwargs)
 
     # the runner checkpoint itself as pretrained= (what the linear-head config's comment
-    # offers): read safely with mmengine's allowlist, the student loads
-    from mmlinvit.registry import allow_runner_checkpoints
-    allow_runner_checkpoints()  # done when a runner imports mmlinvit.registry
+    # offers): its training state is read as inert stand-ins, the student loads
     direct = adventurer(distilled['ckpt'], with_mask_token=False)
     direct.init_weights()
     for key, value in direct.state_dict().items():

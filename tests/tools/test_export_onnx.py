@@ -262,7 +262,7 @@ def _runner_checkpoint(config: str, work_dir: Path) -> Path:
 
 def test_runner_checkpoint_exports_without_trust(tmp_path):
     """A real ``iter_N.pth`` of the Runner: plain ``weights_only=True`` refuses its pickled
-    message hub; the tool reads it safely with mmengine's allowlist (as ``--resume`` does),
+    message hub; the tool reads it safely (the training state as inert stand-ins),
     without ``--trust-checkpoint``, and the export matches PyTorch."""
     import pickle
     ckpt = _runner_checkpoint(STUDENT_SEG, tmp_path)

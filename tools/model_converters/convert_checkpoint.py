@@ -25,7 +25,6 @@ from typing import List, Optional
 import torch
 
 from mmlinvit.converters import UntrustedCheckpointError, layout_names, read_checkpoint
-from mmlinvit.registry import allow_runner_checkpoints
 from mmlinvit.utils.cli import add_trust_checkpoint_argument, checkpoint_io_parser
 
 
@@ -47,7 +46,6 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 def main(argv: Optional[List[str]] = None) -> int:
     """Runs the conversion; returns the process exit code."""
     args = parse_args(argv)
-    allow_runner_checkpoints()
     options = {}
     if args.keep_projection:
         options['keep_projection'] = True

@@ -7,8 +7,8 @@ Usage::
 
 SRC is a checkpoint of a distillation run (``epoch_N.pth`` / ``iter_N.pth`` of the runner, or
 any state dict with ``student.*`` keys).  A runner checkpoint is read safely
-(``weights_only=True`` with mmengine's allowlist, as ``--resume`` reads it);
-``--trust-checkpoint`` is only needed for files holding other Python objects.  DST receives
+(``weights_only=True``, its training state read as inert stand-ins); ``--trust-checkpoint``
+is only needed for files holding other Python objects.  DST receives
 the student backbone's weights alone: the keys under ``student.backbone.`` (task-model student) or ``student.`` (bare-backbone
 student, e.g. the ViT-Linearizer Adventurer) with the prefix removed, as a plain
 ``{name: tensor}`` dict readable with ``torch.load(weights_only=True)`` -- the same file
@@ -30,7 +30,6 @@ import torch
 
 from mmlinvit.converters import (STUDENT_PREFIXES, UntrustedCheckpointError,
                                  load_checkpoint_file, select_backbone)
-from mmlinvit.registry import allow_runner_checkpoints
 from mmlinvit.utils.cli import checkpoint_io_parser
 
 
@@ -103,7 +102,6 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 def main(argv: Optional[List[str]] = None) -> int:
     """Runs the export; returns the process exit code."""
     args = parse_args(argv)
-    allow_runner_checkpoints()
     try:
         raw = load_checkpoint_file(args.src, trust_checkpoint=args.trust_checkpoint)
         if args.whole_student:
