@@ -468,6 +468,14 @@ def test_a_data_preprocessor_without_type_takes_the_students():
     # a bare-backbone student has no preprocessor to take the type from
     with pytest.raises(DistillationConfigError, match=r'data_preprocessor\.type'):
         MODELS.build(attn_out_model(data_preprocessor=dict(settings)))
+    # an mmseg segmentor student without a preprocessor has mmengine's BaseDataPreprocessor,
+    # which takes none of these settings
+    student = dict(type='mmseg.EncoderDecoder', backbone=vit('elu', out_type='featmap'),
+                   decode_head=dict(type='mmseg.FCNHead', in_channels=16, channels=8,
+                                    num_convs=1, num_classes=3))
+    with pytest.raises(DistillationConfigError, match=r'BaseDataPreprocessor.*data_preprocessor'
+                                                      r'\.type'):
+        MODELS.build(task_distill_model(student, dict(settings)))
 
 
 def test_batch_augments_of_the_model_preprocessor_run_for_the_student():

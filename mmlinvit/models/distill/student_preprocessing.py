@@ -154,4 +154,12 @@ def build_untyped_preprocessor(cfg: dict, student: Optional[nn.Module]) -> nn.Mo
             f"data_preprocessor=dict(type='mmpretrain.ClsDataPreprocessor', ...) for "
             f"classification, 'mmseg.SegDataPreProcessor' for segmentation.")
     from mmengine.registry import MODELS
-    return MODELS.build(dict(_plain(cfg), type=type(student.data_preprocessor)))
+    kind = type(student.data_preprocessor)
+    try:
+        return MODELS.build(dict(_plain(cfg), type=kind))
+    except TypeError as err:  # e.g. a student left with mmengine's BaseDataPreprocessor
+        raise DistillationConfigError(
+            f'data_preprocessor={_plain(cfg)} has no type (mmpretrain\'s data set bases give it '
+            f'without one), and the student\'s preprocessor type, {kind.__name__}, does not '
+            f'take these settings ({err}): set data_preprocessor.type in the config, e.g. '
+            f"'mmpretrain.ClsDataPreprocessor' or 'mmseg.SegDataPreProcessor'.") from err
