@@ -69,10 +69,11 @@ _TRAINING_STATE_NAMES = (
                      'LongLong', 'UInt8', 'UInt16', 'UInt32', 'UInt64', 'ULongLong'))
 
 
-def _training_state_stand_ins() -> List[Tuple[Any, str]]:
-    """``(stand-in, name)`` pairs for ``torch.serialization.safe_globals``."""
+def _training_state_stand_ins() -> List[Any]:
+    """``(stand-in, name)`` pairs for ``torch.serialization.safe_globals``, and ``slice``
+    (harmless, and in mmengine's allowlist)."""
     return [(_DiscardedState if name.rsplit('.', 1)[-1][:1].isupper() else _discarded, name)
-            for name in _TRAINING_STATE_NAMES]
+            for name in _TRAINING_STATE_NAMES] + [slice]
 
 
 class CheckpointMismatchError(ValueError):

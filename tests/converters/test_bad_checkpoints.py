@@ -307,7 +307,7 @@ def test_runner_training_state_reads_as_inert_stand_ins(tmp_path):
     from mmengine.logging import HistoryBuffer
     history = HistoryBuffer()
     history.update(0.5)
-    ckpt = dict(meta=dict(seed=0, epoch=np.int64(1)),
+    ckpt = dict(meta=dict(seed=0, epoch=np.int64(1), window=slice(1, 3)),
                 state_dict=dinov2_hub_checkpoint(),
                 message_hub=dict(log_scalars={'train/loss': history},
                                  runtime_info=dict(best_score=np.float32(41.5),

@@ -153,13 +153,13 @@ def build_untyped_preprocessor(cfg: dict, student: Optional[nn.Module]) -> nn.Mo
             f'data_preprocessor.type in the config, e.g. '
             f"data_preprocessor=dict(type='mmpretrain.ClsDataPreprocessor', ...) for "
             f"classification, 'mmseg.SegDataPreProcessor' for segmentation.")
+    from mmengine.model import BaseDataPreprocessor
     from mmengine.registry import MODELS
     kind = type(student.data_preprocessor)
-    try:
-        return MODELS.build(dict(_plain(cfg), type=kind))
-    except TypeError as err:  # e.g. a student left with mmengine's BaseDataPreprocessor
+    if kind is BaseDataPreprocessor:  # a student whose config sets no preprocessor (mmseg)
         raise DistillationConfigError(
             f'data_preprocessor={_plain(cfg)} has no type (mmpretrain\'s data set bases give it '
-            f'without one), and the student\'s preprocessor type, {kind.__name__}, does not '
-            f'take these settings ({err}): set data_preprocessor.type in the config, e.g. '
-            f"'mmpretrain.ClsDataPreprocessor' or 'mmseg.SegDataPreProcessor'.") from err
+            f'without one), and the student has mmengine\'s BaseDataPreprocessor, which takes '
+            f'none of these settings: set data_preprocessor.type in the config, e.g. '
+            f"'mmpretrain.ClsDataPreprocessor' or 'mmseg.SegDataPreProcessor'.")
+    return MODELS.build(dict(_plain(cfg), type=kind))
