@@ -140,10 +140,9 @@ class DistillationModel(BaseModel):
             warned at build time, naming the fix.
         data_preprocessor: Data preprocessor config (one without ``type``, as mmpretrain's data
             set bases give it, takes the student's preprocessor type); ``None`` reuses the
-            student's when it
-            is a task model.  It preprocesses every batch, for teacher and student: a
-            student ``data_preprocessor`` or ``train_cfg`` batch augments that differ from it
-            are refused at build time
+            student's when it is a task model.  It preprocesses every batch, for teacher and
+            student: a student ``data_preprocessor`` or ``train_cfg`` batch augments that
+            differ from it are refused at build time
             (:func:`.student_preprocessing.check_student_preprocessing`), since they would
             never run.
         init_cfg: mmengine init config.

@@ -144,12 +144,14 @@ def build_untyped_preprocessor(cfg: dict, student: Optional[nn.Module]) -> nn.Mo
         The built preprocessor.
 
     Raises:
-        DistillationConfigError: for a bare-backbone student, naming ``data_preprocessor.type``.
+        DistillationConfigError: for a bare-backbone student or one left with mmengine's
+            ``BaseDataPreprocessor``, naming ``data_preprocessor.type``.
     """
     if student is None:
         raise DistillationConfigError(
             f'data_preprocessor={_plain(cfg)} has no type (mmpretrain\'s data set bases give it '
-            f'without one) and the student is a bare backbone, whose type could be taken: set '
+            f'without one) and the student is a bare backbone, which has no preprocessor whose '
+            f'type could be taken: set '
             f'data_preprocessor.type in the config, e.g. '
             f"data_preprocessor=dict(type='mmpretrain.ClsDataPreprocessor', ...) for "
             f"classification, 'mmseg.SegDataPreProcessor' for segmentation.")
