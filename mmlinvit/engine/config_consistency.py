@@ -418,8 +418,22 @@ def label_range_problems(cfg: Any, mode: str) -> List[str]:
             labels, ds = found
             ignored = _ignored_labels(cfg, name)
             reduce = bool(getattr(ds, 'reduce_zero_label', False))
-            beyond = sorted(v for v in labels if _trained_label(v, reduce) not in ignored
-                            and _trained_label(v, reduce) >= num_classes)
+
+            def beyond_classes(values: set) -> List[int]:
+                return sorted(v for v in values if _trained_label(v, reduce) not in ignored
+                              and _trained_label(v, reduce) >= num_classes)
+
+            beyond, sampled = beyond_classes(labels), LABEL_SAMPLE
+            default = _reduce_zero_label_default(dataset)
+            against_default = not reduce and default is not None and default[1] is True
+            if not beyond and against_default:
+                # reduce_zero_label=False on a 1-based type (ADE20K, Pascal Context 59...):
+                # its last class N may be rare, and Mask2Former trains label N silently as
+                # its no-object class
+                again = _sampled_labels(dataset, cfg.get('default_scope', None),
+                                        LABEL_CONFIRM_SAMPLE)
+                beyond, sampled = beyond_classes(again[0] if again else set()), \
+                    LABEL_CONFIRM_SAMPLE
             if not beyond:
                 continue
             kind = _strip_scope(dataset.get('type'))
@@ -432,11 +446,16 @@ def label_range_problems(cfg: Any, mode: str) -> List[str]:
                     f'its classes and reduce_zero_label (now {reduce}), or, for a void label, '
                     f'set ignore_index on the heads (training) and the evaluator (metric); '
                     f'now {sorted(ignored)}')
+            if against_default:
+                hint = (f'{kind}\'s default is reduce_zero_label=True (label 0 unlabelled, '
+                        f'classes 1..{num_classes}), which {where}.reduce_zero_label=False '
+                        f'turns off: set it to True; else {hint}')
             problems.append(
-                f'{where} ({kind}): its label maps hold label(s) {beyond[:8]} (in '
-                f'{LABEL_SAMPLE} sampled maps{", after reduce_zero_label" if reduce else ""}) '
+                f'{where} ({kind}): its label maps hold label(s) {beyond[:8]} (in up to '
+                f'{sampled} sampled maps{", after reduce_zero_label" if reduce else ""}) '
                 f'but the model has {num_classes} classes: training stops with an out-of-range '
-                f'target, evaluation silently drops or misreads them. Fix: {hint}')
+                f'target (a Mask2Former head trains label {num_classes} silently as its '
+                f'no-object class), evaluation silently drops or misreads them. Fix: {hint}')
     return problems
 
 

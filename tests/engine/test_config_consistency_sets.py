@@ -234,3 +234,24 @@ def test_a_rare_last_class_is_not_read_as_0_based_labels(tmp_path, toy_root, war
     check_config_consistency(cfg)
     warned = [m for m in warnings_logged if 'reduce_zero_label=True on a BaseSegDataset' in m]
     assert bool(warned) is not rare_last_class
+
+
+def test_reduce_zero_label_false_on_a_1_based_type_reads_more_maps(tmp_path, toy_root):
+    """ADE20K / Pascal Context 59 label maps (0 unlabelled, classes 1..N) read with
+    ``reduce_zero_label=False`` (the README's custom-data example copied with only the type
+    changed): when label N was absent from the first 32 maps nothing fired, and Mask2Former
+    trained label N silently as its no-object class (perfect predictions: 0.90 mIoU).  A
+    setting against the type's default is checked on up to 512 maps."""
+    maps = [list(range(0, 150, 3))] * 39 + [[150]]  # label 150 only in the 40th map
+    root = _label_maps(str(tmp_path / 'data'), maps)
+    cfg = toy_config(toy_root, str(tmp_path / 'wd'))
+    cfg.train_dataloader.dataset.update(type='ADE20KDataset', data_root=root,
+                                        reduce_zero_label=False)
+    cfg.train_dataloader.dataset.metainfo = None
+    cfg.model.decode_head.num_classes = 150
+    with pytest.raises(ConfigConsistencyError,
+                       match=r'(?s)label\(s\) \[150\] \(in up to 512 sampled maps\).*no-object.*'
+                             r'ADE20KDataset\'s default is reduce_zero_label=True'):
+        check_config_consistency(cfg)
+    cfg.train_dataloader.dataset.reduce_zero_label = True  # the type's default: right
+    check_config_consistency(cfg)
