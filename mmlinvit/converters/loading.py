@@ -36,18 +36,15 @@ OPERATOR_EXTRA_KEY = re.compile(r'^blocks\.(\d+)\.attn\.(?!qkv\.|proj\.)')
 
 class _DiscardedState:
     """What an mmengine runner checkpoint's training state (message hub, numpy values) reads
-    as here: nothing.  Built from any arguments, it ignores the state it is given, so a
-    pickle cannot write attributes (``__setstate__``...) into it."""
+    as here: nothing.  It stands for the classes and the functions of that state alike: built
+    (or called) with any arguments, it ignores the state it is given, so a pickle cannot write
+    attributes (``__setstate__``...) into it."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         pass
 
     def __setstate__(self, state: Any) -> None:
         pass
-
-
-def _discarded(*args: Any, **kwargs: Any) -> _DiscardedState:
-    return _DiscardedState()
 
 
 #: The objects besides tensors that an mmengine runner checkpoint (``epoch_N.pth``,
@@ -72,8 +69,7 @@ _TRAINING_STATE_NAMES = (
 def _training_state_stand_ins() -> List[Any]:
     """``(stand-in, name)`` pairs for ``torch.serialization.safe_globals``, and ``slice``
     (harmless, and in mmengine's allowlist)."""
-    return [(_DiscardedState if name.rsplit('.', 1)[-1][:1].isupper() else _discarded, name)
-            for name in _TRAINING_STATE_NAMES] + [slice]
+    return [(_DiscardedState, name) for name in _TRAINING_STATE_NAMES] + [slice]
 
 
 class CheckpointMismatchError(ValueError):

@@ -70,18 +70,12 @@ def select_whole_student(
     Raises:
         KeyError: when no key starts with ``student.``.
     """
-    kept, dropped = {}, []
-    for key, value in state_dict.items():
-        name = key[len('module.'):] if key.startswith('module.') else key
-        if name.startswith('student.'):
-            kept[name[len('student.'):]] = value
-        else:
-            dropped.append(key)
-    if not kept:
-        raise KeyError(f'No key starts with \'student.\': this is not a '
-                       f'mmlinvit.DistillationModel checkpoint (first keys: '
-                       f'{sorted(state_dict)[:8]})')
-    return kept, sorted(dropped)
+    kept, report = select_backbone(state_dict, ('student.', ))
+    if report.prefix:
+        return kept, sorted(report.dropped)
+    raise KeyError(f'No key starts with \'student.\': this is not a '
+                   f'mmlinvit.DistillationModel checkpoint (first keys: '
+                   f'{sorted(state_dict)[:8]})')
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
