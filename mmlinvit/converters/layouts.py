@@ -23,6 +23,7 @@ import torch
 
 from mmlinvit.utils import NameRegistry
 from mmlinvit.layers.pos_embed import POS_GRID_RECORD, recorded_pos_grid
+from .checkpoint_file import CheckpointFileError
 from .report import ConversionReport
 
 StateDict = Dict[str, torch.Tensor]
@@ -40,6 +41,12 @@ CHECKPOINT_LAYOUTS = NameRegistry('checkpoint layout')
 #: ViT-Linearizer Adventurer; the teacher is never saved there); ``backbone.``: mmpretrain /
 #: mmseg task models.
 BACKBONE_PREFIXES = ('teacher.backbone.', 'student.backbone.', 'backbone.', 'student.')
+#: The teacher's prefix in :data:`BACKBONE_PREFIXES`: it is taken only when the file holds no
+#: student (:data:`DISTILLED_STUDENT_PREFIXES`); a file with both is refused.
+TEACHER_PREFIX = 'teacher.backbone.'
+#: Where distillation checkpoints keep their student: mmlinvit's, and mmrazor's
+#: ``architecture.`` (not loaded here, but a file with it and a teacher is ambiguous).
+DISTILLED_STUDENT_PREFIXES = ('student.', 'architecture.')
 #: The prefixes of :data:`BACKBONE_PREFIXES` that hold a distillation student.
 STUDENT_PREFIXES = tuple(p for p in BACKBONE_PREFIXES if p.startswith('student.'))
 #: Keys of the HuggingFace transformers ViT / DINOv2 / CLIP vision models
@@ -109,12 +116,35 @@ def select_backbone(state_dict: Mapping[str, torch.Tensor],
     if sd and all(k.startswith('module.') for k in sd):
         sd = {k[len('module.'):]: v for k, v in sd.items()}
         report.notes.append("stripped the 'module.' prefix of every key")
+    _refuse_teacher_and_student(sd, prefixes)
     for prefix in prefixes:
         if any(k.startswith(prefix) for k in sd):
             out = _keys_under(sd, prefix, report, f'outside {prefix!r}')
             report.prefix = prefix
             return out, report
     return sd, report
+
+
+def _refuse_teacher_and_student(state_dict: Mapping[str, torch.Tensor],
+                                prefixes: Sequence[str]) -> None:
+    """Refuses a file with a teacher and a student backbone when both could be selected.
+
+    mmlinvit's distillation checkpoints never hold the teacher, but other frameworks' do
+    (mmrazor: ``architecture.`` and ``teacher.``); taking the first prefix of the table would
+    load the teacher where the student was meant, or the other way round, with no error.
+    """
+    if TEACHER_PREFIX not in prefixes:
+        return
+    teacher = sum(k.startswith(TEACHER_PREFIX) for k in state_dict)
+    student = {p: sum(k.startswith(p) for k in state_dict) for p in DISTILLED_STUDENT_PREFIXES}
+    student = {p: n for p, n in student.items() if n}
+    if teacher and student:
+        found = ', '.join(f'{n} keys under {p!r}' for p, n in student.items())
+        raise CheckpointFileError(
+            f'The checkpoint holds a teacher backbone ({teacher} keys under '
+            f'{TEACHER_PREFIX!r}) and a student ({found}): which one to load is not clear. '
+            f'Save the one you want as its own file (a distillation student: python '
+            f'tools/model_converters/export_student.py CHECKPOINT OUT.pth) and load that.')
 
 
 def detect_layout(state_dict: Mapping[str, torch.Tensor]) -> str:

@@ -1,11 +1,14 @@
 """Released files that no layout reads, or that need one build option, are refused with the
 cause and the fix; mmpretrain's DeiT-III (no class position) loads."""
+import re
+
 import pytest
 import torch
 
 from mmlinvit.backbones import VisionTransformer
 from mmlinvit.converters import (CheckpointMismatchError, convert_state_dict, detect_layout,
                                  load_pretrained)
+from mmlinvit.converters.checkpoint_file import CheckpointFileError
 
 ARCH = dict(embed_dims=32, num_layers=2, num_heads=2, mlp_hidden_dims=64)
 
@@ -148,3 +151,29 @@ def test_official_files_load_without_record_warnings(tmp_path, caplog):
         report = load_pretrained(vit(), path)
     assert set(report.missing) == set(VisionTransformer.TRAINING_RECORDS)
     assert not [r for r in caplog.records if r.levelname == 'WARNING']
+
+
+@pytest.mark.parametrize('student_prefix', ['student.backbone.', 'student.', 'architecture.'])
+def test_a_file_with_a_teacher_and_a_student_is_refused(tmp_path, student_prefix):
+    """The teacher's prefix came first in the table: the student's pretrained= got the
+    teacher's weights from such a file (mmrazor's distillation checkpoints hold both)."""
+    teacher, student = vit(), vit(attn_cfg='elu')
+    state = {f'teacher.backbone.{k}': v for k, v in teacher.state_dict().items()}
+    state.update({f'{student_prefix}{k}': v for k, v in student.state_dict().items()})
+    with pytest.raises(CheckpointFileError, match='teacher backbone.*export_student.py'):
+        convert_state_dict(state)
+    path = str(tmp_path / 'both.pth')
+    torch.save({'state_dict': state}, path)
+    named = 'architecture.' if student_prefix == 'architecture.' else 'student.'
+    with pytest.raises(CheckpointFileError, match=re.escape(f"keys under '{named}'")):
+        load_pretrained(vit(attn_cfg='elu'), path)
+
+
+def test_a_file_with_a_teacher_only_loads_the_teacher():
+    teacher = vit()
+    state = {f'teacher.backbone.{k}': v for k, v in teacher.state_dict().items()}
+    state['teacher.head.fc.weight'] = torch.zeros(3, 32)
+    converted, report = convert_state_dict(state)
+    assert report.prefix == 'teacher.backbone.'
+    assert torch.equal(converted['blocks.1.attn.qkv.weight'],
+                       teacher.state_dict()['blocks.1.attn.qkv.weight'])
