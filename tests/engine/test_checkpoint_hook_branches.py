@@ -51,3 +51,18 @@ def test_fixed_filename_with_rotation_keeps_the_new_file(tmp_path, toy_root):
     assert osp.isfile(osp.join(work_dir, 'latest.pth')), os.listdir(work_dir)
     assert torch.load(osp.join(work_dir, 'latest.pth'), map_location='cpu',
                       weights_only=False)['meta']['iter'] == 4
+
+
+def test_the_last_iteration_is_due_with_save_last():
+    """checkpoint_due mirrors CheckpointHook.after_train_iter, save_last included, so that
+    CheckFiniteHook checks the weights before the final checkpoint is written."""
+    from types import SimpleNamespace
+
+    from mmengine.hooks import CheckpointHook
+
+    from mmlinvit.engine.hooks.checkpoint_schedule import checkpoint_due
+    hook = CheckpointHook(interval=3, by_epoch=False, save_last=True)
+    assert checkpoint_due(SimpleNamespace(hooks=[hook], iter=4, max_iters=5), 'iter')
+    assert not checkpoint_due(SimpleNamespace(hooks=[hook], iter=3, max_iters=5), 'iter')
+    no_last = CheckpointHook(interval=3, by_epoch=False, save_last=False)
+    assert not checkpoint_due(SimpleNamespace(hooks=[no_last], iter=4, max_iters=5), 'iter')

@@ -133,3 +133,17 @@ def test_save_best_keys_follow_the_metrics():
     cfg.val_evaluator.iou_metrics = ['mDice']
     cfg.default_hooks.checkpoint.save_best = 'mAcc'
     assert _save_best_problem(cfg) is None
+
+
+def test_a_top_level_crop_size_differing_in_width_only_is_warned():
+    """The child-config trap: the base's RandomCrop keeps its own crop."""
+    from mmlinvit.engine.config_consistency import _crop_size_warning
+
+    def config(top, crop):
+        return Config(dict(crop_size=top, train_dataloader=dict(dataset=dict(
+            type='ADE20KDataset', data_root='data/ade',
+            pipeline=[dict(type='RandomCrop', crop_size=crop)]))))
+
+    text = _crop_size_warning(config((512, 1024), (512, 512)))
+    assert text is not None and 'top-level crop_size=(512, 1024) is not the training crop' in text
+    assert _crop_size_warning(config((512, 512), (512, 512))) is None

@@ -66,3 +66,12 @@ def test_softmax_weights_are_not_evaluated_as_a_linear_model():
     check_checkpoint_covers(model('softmax'), softmax, 'softmax.pth')
     check_checkpoint_covers(model('elu'), {'state_dict': model('elu').state_dict()}, 'elu.pth')
     check_training_load_from(model('elu'), softmax, 'softmax.pth')  # linearization start
+
+
+def test_a_tensor_differing_in_a_later_dimension_is_reported():
+    """mmengine's non-strict load skips it and leaves its initial values."""
+    from mmlinvit.engine.checkpoint_coverage import mismatched_shapes
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3))
+    found = mismatched_shapes(model, {'0.weight': torch.zeros(3, 5), '0.bias': torch.zeros(3)})
+    assert found == ['0.weight: checkpoint (3, 5) vs model (3, 4)'], found
+    assert mismatched_shapes(model, model.state_dict()) == []

@@ -119,3 +119,24 @@ def test_damaged_checkpoints_name_the_file_and_the_cause(tmp_path, toy_root, how
         load_tool('test').main([cfg_path, weights, '--work-dir', work_dir])
     check(str(info.value))
     assert not osp.exists(work_dir)  # nothing was built
+
+
+def test_resume_takes_the_unnumbered_checkpoint_last_checkpoint_names(tmp_path):
+    """A fixed ``filename_tmpl`` (latest.pth): the file ``last_checkpoint`` names is resumed,
+    not an older iter_*.pth."""
+    import time
+
+    from mmlinvit.engine.resume import select_resume_checkpoint
+
+    def save(path, iteration):
+        torch.save(dict(meta=dict(iter=iteration, epoch=0), state_dict={'w': torch.zeros(1)},
+                        message_hub={}, optimizer={}), path)
+
+    older = tmp_path / 'iter_2.pth'
+    save(older, 2)
+    past = time.time() - 100
+    os.utime(older, (past, past))
+    latest = tmp_path / 'latest.pth'
+    save(latest, 8)
+    (tmp_path / 'last_checkpoint').write_text(str(latest))
+    assert osp.normpath(select_resume_checkpoint(str(tmp_path))) == osp.normpath(str(latest))

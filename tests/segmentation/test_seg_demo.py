@@ -37,3 +37,25 @@ def test_demo_quick(tmp_path, capsys):
     out = capsys.readouterr().out
     assert 'teacher IoU' in out and 'student IoU' in out and 'wall time' in out
     assert 'real photos' in out and 'loss curves' in out
+
+
+def test_demo_scores_leave_ignored_pixels_out():
+    """mmseg's IoUMetric: pixels labelled 255 are in no class's intersection or union."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from mmlinvit.utils.cli import load_script
+    demo = load_script(osp.join(REPO, 'tools', 'demo.py'), 'mmlinvit_demo_scores')
+
+    class _Model(torch.nn.Module):
+
+        def test_step(self, batch):
+            prediction = SimpleNamespace(data=torch.tensor([[[0, 1, 0, 1]]]))
+            ground_truth = SimpleNamespace(data=torch.tensor([[[0, 1, 255, 255]]]))
+            return [SimpleNamespace(pred_sem_seg=prediction, gt_sem_seg=ground_truth,
+                                    img_path='x.png')]
+
+    runner = SimpleNamespace(model=_Model(), test_dataloader=[None])
+    inter, union, _ = demo.predict_and_score(runner, num_classes=2, keep=0)
+    assert inter.tolist() == [1, 1] and union.tolist() == [1, 1], (inter, union)

@@ -107,3 +107,21 @@ def test_a_teacher_of_another_arch_is_an_error_line(teacher, tmp_path):
     assert not osp.exists(str(tmp_path / 's.pth'))
     proc = _run([str(tmp_path), str(tmp_path / 's.pth'), '--arch', TINY, '--operator', 'elu'])
     assert proc.returncode == 1 and 'is a directory' in proc.stderr, proc.stderr
+
+
+def test_a_non_square_teacher_grid_is_kept(tmp_path):
+    """The student is built at the teacher's (H, W) grid (recorded in its file), not (W, H)."""
+    torch.manual_seed(0)
+    teacher = VisionTransformer(dict(embed_dims=32, num_layers=2, num_heads=2,
+                                     mlp_hidden_dims=64), family='deit', img_size=(32, 64))
+    assert tuple(teacher.pos_grid) == (2, 4)
+    source, out = str(tmp_path / 'teacher.pth'), str(tmp_path / 'student.pth')
+    torch.save(teacher.state_dict(), source)
+    proc = _run([source, out, '--arch', TINY, '--operator', 'elu'])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    ckpt = torch.load(out, map_location='cpu', weights_only=False)
+    assert list(ckpt['meta']['student_cfg']['img_size']) == [32, 64]
+    student = VisionTransformer(**ckpt['meta']['student_cfg'])
+    student.load_state_dict(ckpt['state_dict'], strict=True)
+    assert tuple(student.pos_grid) == (2, 4)
+    torch.testing.assert_close(student.pos_embed, teacher.pos_embed)
