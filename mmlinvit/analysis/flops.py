@@ -3,7 +3,8 @@
 Convention (printed by the tools as :data:`FLOP_CONVENTION`): **FLOPs = 2 x MACs**, one
 multiply-add counts as two FLOPs, and only matmul-like work is counted: ``mm`` / ``addmm`` /
 ``bmm`` / ``baddbmm`` (so ``nn.Linear``, ``torch.matmul`` and ``torch.einsum``, which lower to
-them), convolutions, scaled-dot-product attention (4 N^2 D: both of its matmuls) and the
+them), convolutions (except depthwise 1-D ones, the Mamba-2 conv1d: on CPU it runs
+element-wise, and it counts zero on every device), scaled-dot-product attention (4 N^2 D: both of its matmuls) and the
 Triton linear-attention autograd Function (counted from its input shapes, below).  Element-wise
 ops, norms, softmax, feature maps and interpolation count zero, as in fvcore / mmengine.
 
@@ -49,6 +50,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Unio
 
 import torch
 import torch.nn as nn
+from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode
 
 from mmlinvit.ops.ssd import torch_impl as ssd_torch_impl
@@ -109,6 +111,41 @@ def _sdpa_backward_op_formula(grad_out_shape: Shape, query_shape: Shape, key_sha
     """FlopCounterMode formula of an SDPA backward: dV, dP, dQ, dK are four matmuls, twice the
     forward (as upstream's rules count the flash / efficient / cuDNN backwards)."""
     return 2 * sdpa_flops(query_shape, key_shape, value_shape)
+
+
+def _is_depthwise_conv1d(weight_shape: Shape) -> bool:
+    """A 1-D convolution with one input channel per group (the Mamba-2 conv1d)."""
+    return len(weight_shape) == 3 and weight_shape[1] == 1
+
+
+def _conv_op_formula(x_shape: Shape, w_shape: Shape, *args: Any, out_shape: Any = None,
+                     **kwargs: Any) -> int:
+    """Upstream's convolution rule, except a depthwise conv1d counts zero: on CPU the Mamba-2
+    conv1d runs as shifted multiply-adds (element-wise, uncounted), on meta tensors and on CUDA
+    as ``nn.Conv1d``; so that a model counts the same everywhere it counts zero everywhere."""
+    if _is_depthwise_conv1d(w_shape):
+        return 0
+    return flop_counter.conv_flop.__wrapped__(x_shape, w_shape, *args, out_shape=out_shape,
+                                              **kwargs)
+
+
+def _conv_backward_op_formula(grad_out_shape: Shape, x_shape: Shape, w_shape: Shape, *args: Any,
+                              out_shape: Any = None, **kwargs: Any) -> int:
+    """Upstream's convolution-backward rule, with a depthwise conv1d counting zero."""
+    if _is_depthwise_conv1d(w_shape):
+        return 0
+    return flop_counter.conv_backward_flop.__wrapped__(grad_out_shape, x_shape, w_shape, *args,
+                                                       out_shape=out_shape, **kwargs)
+
+
+def _conv_ops() -> Dict[Any, Callable[..., int]]:
+    """The convolution ops upstream counts with ``conv_flop`` / ``conv_backward_flop`` whose
+    arguments start ``(input, weight, ...)``, mapped to the rules above."""
+    aten = torch.ops.aten
+    forward = [aten.convolution, aten._convolution, aten.cudnn_convolution,
+               aten.convolution_overrideable]
+    return {**{op: _conv_op_formula for op in forward},
+            aten.convolution_backward: _conv_backward_op_formula}
 
 
 def linear_attention_function_flops(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -286,6 +323,7 @@ class FlopCounter:
                                 f'subclasses, got {cls!r}')
         self._extra_functions = dict(function_formulas or {})
         self._op_formulas = {op: _sdpa_op_formula for op in extra_sdpa_ops()}
+        self._op_formulas.update(_conv_ops())
         self._op_formulas.update({op: _sdpa_backward_op_formula
                                   for op in extra_sdpa_backward_ops()})
         self._op_formulas.update(op_formulas or {})

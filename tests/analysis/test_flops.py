@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
 
 from mmlinvit.analysis import (FlopCounter, analytic_vit_flops, attention_flops,
                                block_gemm_flops, count_flops, sdpa_flops,
@@ -196,8 +197,9 @@ def test_ssd_scan_counted_at_configured_chunk(device):
 
 def test_mamba2_mixer_counts_scan_at_its_chunk_size():
     """A Mamba-2 mixer (chunk 128) counts its projections + the scan at chunk 128 on CPU, and
-    the same on meta tensors (where the depthwise conv runs as ``nn.Conv1d`` and is counted
-    too; on CPU it is shifted multiply-adds, element-wise)."""
+    the same on meta tensors: the depthwise conv1d counts zero on both (on CPU it is shifted
+    multiply-adds, element-wise; on meta tensors and CUDA an ``nn.Conv1d``, which upstream's
+    rules count)."""
     dim, d_state, headdim, length, chunk = 32, 16, 16, 100, 128
     d_inner, heads = 2 * dim, 2 * dim // headdim
     counts = {}
@@ -210,8 +212,29 @@ def test_mamba2_mixer_counts_scan_at_its_chunk_size():
     out_proj = 2 * length * d_inner * dim
     scan = _ssd_hand_flops(1, length, heads, headdim, 1, d_state, chunk)
     assert counts['cpu'].total == in_proj + out_proj + scan, counts['cpu'].by_op
-    meta = counts['meta']
-    assert meta.total - meta.by_op.get('aten.convolution', 0) == counts['cpu'].total
+    assert counts['meta'].total == counts['cpu'].total, (counts['meta'].by_op,
+                                                          counts['cpu'].by_op)
+
+
+def test_only_depthwise_conv1d_counts_zero_forward_and_backward():
+    """Other convolutions (patch embeddings, MHLA / TTT 2-D depthwise convs, dense conv1d)
+    keep upstream's count, in the forward and the backward."""
+    x1 = torch.randn(2, 8, 20, requires_grad=True)
+    x2 = torch.randn(2, 8, 6, 6, requires_grad=True)
+    for conv, x, expected in [(torch.nn.Conv1d(8, 8, 4, groups=8, padding=3), x1, 0),
+                              (torch.nn.Conv1d(8, 8, 4, padding=3), x1, 2 * 2 * 23 * 8 * 8 * 4),
+                              (torch.nn.Conv2d(8, 8, 3, groups=8, padding=1), x2,
+                               2 * 2 * 36 * 8 * 9)]:
+        with FlopCounter() as counter:
+            conv(x)
+        assert counter.total == expected, (conv, counter.by_op)
+        with FlopCounter() as counter:
+            conv(x).sum().backward()
+        with FlopCounterMode(display=False) as upstream:
+            conv(x).sum().backward()
+        assert counter.total == (0 if expected == 0 else upstream.get_total_flops()), (
+            conv, counter.by_op)
+        assert expected == 0 or upstream.get_total_flops() > expected  # a backward was run
 
 
 @pytest.mark.skipif(not triton_available(), reason='triton is not installed')

@@ -89,10 +89,10 @@ ADVENTURER_CONFIG = 'configs/linearizer/linear-head_adventurer-b_16xb64-30e_in1k
 
 def _adventurer_b_flops(height: int, width: int, chunk: int, num_classes: int) -> int:
     """Adventurer-B/16 + linear head written out (2 x MACs, batch 1): patch conv; per layer
-    the Mamba-2 mixer over the tokens + the appended class token (in_proj, depthwise conv
-    over the left-padded tokens as nn.Conv1d, SSD scan at ``chunk`` on tokens padded to whole
-    chunks, out_proj) and the SwiGLU MLP over the tokens; the head on the class token."""
-    patch, dim, depth, mlp_hidden, headdim, d_state, groups, taps = 16, 768, 12, 1920, 64, 64, 1, 4
+    the Mamba-2 mixer over the tokens + the appended class token (in_proj, SSD scan at
+    ``chunk`` on tokens padded to whole chunks, out_proj; its depthwise conv1d counts zero, as
+    the convention says) and the SwiGLU MLP over the tokens; the head on the class token."""
+    patch, dim, depth, mlp_hidden, headdim, d_state, groups = 16, 768, 12, 1920, 64, 64, 1
     patches = -(-height // patch) * -(-width // patch)
     tokens = patches + 1  # class token
     mixed = tokens + 1  # the mixer also reads the class token appended at the end
@@ -100,8 +100,7 @@ def _adventurer_b_flops(height: int, width: int, chunk: int, num_classes: int) -
     heads = d_inner // headdim
     conv_dim = d_inner + 2 * groups * d_state
     padded = -(-mixed // chunk) * chunk
-    mixer = (2 * mixed * dim * (d_inner + conv_dim + heads) + 2 * mixed * d_inner * dim +
-             2 * (mixed + taps - 1) * conv_dim * taps)
+    mixer = 2 * mixed * dim * (d_inner + conv_dim + heads) + 2 * mixed * d_inner * dim
     scan = (2 * groups * padded * chunk * d_state + 2 * heads * padded * chunk * headdim +
             4 * heads * padded * d_state * headdim)
     mlp = 3 * 2 * tokens * dim * mlp_hidden
