@@ -9,7 +9,7 @@
 dist_launch() {
     local nproc=$1 script=$2
     local root
-    root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+    root="$(CDPATH= cd -- "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
     PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" \
     "${PYTHON:-python}" -m torch.distributed.run \
         --nnodes="${NNODES:-1}" \

@@ -19,7 +19,7 @@
 #   MAX_JOBS        parallel compile jobs for onedl-mmcv (default: all cores, $(nproc))
 set -euo pipefail
 
-REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
+REPO="$(CDPATH= cd -- "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
 VENV="${MMLINVIT_VENV:-$HOME/.venvs/mmlinvit}"
 PY_BOOT="${PYTHON:-$(command -v python3.11 || command -v python3)}"
 PIN_FILE="$REPO/tools/requirements/stack.txt"

@@ -5,7 +5,7 @@
 #   bash tools/run.sh test [args]   the test suite (pytest)
 #   bash tools/run.sh python ARGS   any command with the project's interpreter
 set -euo pipefail
-REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+REPO="$(CDPATH= cd -- "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$REPO/tools/install.sh"
 PY="${MMLINVIT_VENV:-$HOME/.venvs/mmlinvit}/bin/python"
 job="${1:-}"; shift || true

@@ -113,37 +113,45 @@ def _sdpa_backward_op_formula(grad_out_shape: Shape, query_shape: Shape, key_sha
     return 2 * sdpa_flops(query_shape, key_shape, value_shape)
 
 
-def _is_depthwise_conv1d(weight_shape: Shape) -> bool:
-    """A 1-D convolution with one input channel per group (the Mamba-2 conv1d)."""
-    return len(weight_shape) == 3 and weight_shape[1] == 1
+def _is_depthwise_conv1d(x_shape: Shape, w_shape: Shape, transposed: bool, groups: int) -> bool:
+    """A 1-D convolution with one input channel per group and more than one group (the
+    Mamba-2 conv1d)."""
+    return (not transposed and len(w_shape) == 3 and w_shape[1] == 1 and groups > 1
+            and groups == x_shape[1])
 
 
-def _conv_op_formula(x_shape: Shape, w_shape: Shape, *args: Any, out_shape: Any = None,
-                     **kwargs: Any) -> int:
-    """Upstream's convolution rule, except a depthwise conv1d counts zero: on CPU the Mamba-2
-    conv1d runs as shifted multiply-adds (element-wise, uncounted), on meta tensors and on CUDA
-    as ``nn.Conv1d``; so that a model counts the same everywhere it counts zero everywhere."""
-    if _is_depthwise_conv1d(w_shape):
+def _conv_op_formula(x_shape: Shape, w_shape: Shape, bias: Any, stride: Any, padding: Any,
+                     dilation: Any, transposed: bool, output_padding: Any, groups: int,
+                     *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+    """Upstream's convolution rule (``aten.convolution`` / ``_convolution`` /
+    ``convolution_overrideable`` arguments), except a depthwise conv1d counts zero: on CPU the
+    Mamba-2 conv1d runs as shifted multiply-adds (element-wise, uncounted), on meta tensors
+    and on CUDA as ``nn.Conv1d``; so that a model counts the same everywhere it counts zero
+    everywhere."""
+    if _is_depthwise_conv1d(x_shape, w_shape, transposed, groups):
         return 0
-    return flop_counter.conv_flop.__wrapped__(x_shape, w_shape, *args, out_shape=out_shape,
-                                              **kwargs)
+    return flop_counter.conv_flop.__wrapped__(x_shape, w_shape, bias, stride, padding,
+                                              dilation, transposed, output_padding, groups,
+                                              *args, out_shape=out_shape, **kwargs)
 
 
-def _conv_backward_op_formula(grad_out_shape: Shape, x_shape: Shape, w_shape: Shape, *args: Any,
+def _conv_backward_op_formula(grad_out_shape: Shape, x_shape: Shape, w_shape: Shape,
+                              bias_sizes: Any, stride: Any, padding: Any, dilation: Any,
+                              transposed: bool, output_padding: Any, groups: int, *args: Any,
                               out_shape: Any = None, **kwargs: Any) -> int:
-    """Upstream's convolution-backward rule, with a depthwise conv1d counting zero."""
-    if _is_depthwise_conv1d(w_shape):
+    """Upstream's ``aten.convolution_backward`` rule, with a depthwise conv1d counting zero."""
+    if _is_depthwise_conv1d(x_shape, w_shape, transposed, groups):
         return 0
-    return flop_counter.conv_backward_flop.__wrapped__(grad_out_shape, x_shape, w_shape, *args,
-                                                       out_shape=out_shape, **kwargs)
+    return flop_counter.conv_backward_flop.__wrapped__(
+        grad_out_shape, x_shape, w_shape, bias_sizes, stride, padding, dilation, transposed,
+        output_padding, groups, *args, out_shape=out_shape, **kwargs)
 
 
 def _conv_ops() -> Dict[Any, Callable[..., int]]:
-    """The convolution ops upstream counts with ``conv_flop`` / ``conv_backward_flop`` whose
-    arguments start ``(input, weight, ...)``, mapped to the rules above."""
+    """The convolution ops taking ``(input, weight, bias, stride, padding, dilation,
+    transposed, output_padding, groups, ...)`` (and the backward), mapped to the rules above."""
     aten = torch.ops.aten
-    forward = [aten.convolution, aten._convolution, aten.cudnn_convolution,
-               aten.convolution_overrideable]
+    forward = [aten.convolution, aten._convolution, aten.convolution_overrideable]
     return {**{op: _conv_op_formula for op in forward},
             aten.convolution_backward: _conv_backward_op_formula}
 

@@ -41,12 +41,13 @@ CHECKPOINT_LAYOUTS = NameRegistry('checkpoint layout')
 #: ViT-Linearizer Adventurer; the teacher is never saved there); ``backbone.``: mmpretrain /
 #: mmseg task models.
 BACKBONE_PREFIXES = ('teacher.backbone.', 'student.backbone.', 'backbone.', 'student.')
-#: The teacher's prefix in :data:`BACKBONE_PREFIXES`: it is taken only when the file holds no
-#: student (:data:`DISTILLED_STUDENT_PREFIXES`); a file with both is refused.
+#: The teacher's prefix in :data:`BACKBONE_PREFIXES`.  It comes first for DINOv2's training
+#: checkpoints, which hold ``student.backbone.`` and ``teacher.backbone.``: the teacher is the
+#: network DINOv2 evaluates and releases.
 TEACHER_PREFIX = 'teacher.backbone.'
-#: Where distillation checkpoints keep their student: mmlinvit's, and mmrazor's
-#: ``architecture.`` (not loaded here, but a file with it and a teacher is ambiguous).
-DISTILLED_STUDENT_PREFIXES = ('student.', 'architecture.')
+#: Where mmrazor's distillation checkpoints keep their student (the teacher: ``teacher.``).
+#: Not loaded here; a file with it and a teacher is refused (:func:`select_backbone`).
+MMRAZOR_STUDENT_PREFIX = 'architecture.'
 #: The prefixes of :data:`BACKBONE_PREFIXES` that hold a distillation student.
 STUDENT_PREFIXES = tuple(p for p in BACKBONE_PREFIXES if p.startswith('student.'))
 #: Keys of the HuggingFace transformers ViT / DINOv2 / CLIP vision models
@@ -127,24 +128,24 @@ def select_backbone(state_dict: Mapping[str, torch.Tensor],
 
 def _refuse_teacher_and_student(state_dict: Mapping[str, torch.Tensor],
                                 prefixes: Sequence[str]) -> None:
-    """Refuses a file with a teacher and a student backbone when both could be selected.
+    """Refuses an mmrazor distillation checkpoint (student under ``architecture.``, teacher
+    under ``teacher.``) where the teacher's prefix would be selected.
 
-    mmlinvit's distillation checkpoints never hold the teacher, but other frameworks' do
-    (mmrazor: ``architecture.`` and ``teacher.``); taking the first prefix of the table would
-    load the teacher where the student was meant, or the other way round, with no error.
+    Taking the first prefix of the table loaded the teacher, with no error, where the
+    distilled student was almost always meant (``architecture.`` is not in the table).
     """
     if TEACHER_PREFIX not in prefixes:
         return
     teacher = sum(k.startswith(TEACHER_PREFIX) for k in state_dict)
-    student = {p: sum(k.startswith(p) for k in state_dict) for p in DISTILLED_STUDENT_PREFIXES}
-    student = {p: n for p, n in student.items() if n}
+    student = sum(k.startswith(MMRAZOR_STUDENT_PREFIX) for k in state_dict)
     if teacher and student:
-        found = ', '.join(f'{n} keys under {p!r}' for p, n in student.items())
         raise CheckpointFileError(
-            f'The checkpoint holds a teacher backbone ({teacher} keys under '
-            f'{TEACHER_PREFIX!r}) and a student ({found}): which one to load is not clear. '
-            f'Save the one you want as its own file (a distillation student: python '
-            f'tools/model_converters/export_student.py CHECKPOINT OUT.pth) and load that.')
+            f'The checkpoint is an mmrazor distillation checkpoint: a student ({student} keys '
+            f'under {MMRAZOR_STUDENT_PREFIX!r}) and a teacher ({teacher} keys under '
+            f'{TEACHER_PREFIX!r}); which one to load is not clear. For the student, keep the '
+            f'keys under {MMRAZOR_STUDENT_PREFIX!r} without the prefix in a file of their own '
+            f'(mmrazor: tools/model_converters/convert_kd_ckpt_to_student.py); for the '
+            f'teacher, load its original file.')
 
 
 def detect_layout(state_dict: Mapping[str, torch.Tensor]) -> str:

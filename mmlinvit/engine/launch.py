@@ -67,6 +67,7 @@ def parse_launch_args(parser: argparse.ArgumentParser,
                      f'--launcher pytorch (bash tools/dist_train.sh CONFIG N does).')
     if 'LOCAL_RANK' not in os.environ:
         os.environ['LOCAL_RANK'] = str(args.local_rank)
+    _export_launcher_world_size(args.launcher)
     if args.launcher != 'none' and _launcher_rank(args.launcher) > 0:
         _quiet_before_runner()
     return args
@@ -74,6 +75,20 @@ def parse_launch_args(parser: argparse.ArgumentParser,
 
 # where each launcher puts the process's global rank before the process group exists
 _RANK_VARIABLES = {'pytorch': 'RANK', 'slurm': 'SLURM_PROCID', 'mpi': 'OMPI_COMM_WORLD_RANK'}
+
+
+# where each launcher puts the number of processes (mmengine copies it to WORLD_SIZE when it
+# initialises the process group, after the checks that count iterations per epoch)
+_WORLD_SIZE_VARIABLES = {'slurm': 'SLURM_NTASKS', 'mpi': 'OMPI_COMM_WORLD_SIZE'}
+
+
+def _export_launcher_world_size(launcher: str) -> None:
+    """Sets ``WORLD_SIZE`` from the Slurm / MPI launcher's variable, as mmengine's
+    ``init_dist`` does later, so that the checks run before it count the processes."""
+    variable = _WORLD_SIZE_VARIABLES.get(launcher)
+    value = os.environ.get(variable, '') if variable else ''
+    if 'WORLD_SIZE' not in os.environ and value.isdigit():
+        os.environ['WORLD_SIZE'] = value
 
 
 def _launcher_rank(launcher: str) -> int:

@@ -221,10 +221,14 @@ def test_only_depthwise_conv1d_counts_zero_forward_and_backward():
     keep upstream's count, in the forward and the backward."""
     x1 = torch.randn(2, 8, 20, requires_grad=True)
     x2 = torch.randn(2, 8, 6, 6, requires_grad=True)
+    x3 = torch.randn(2, 1, 20, requires_grad=True)
     for conv, x, expected in [(torch.nn.Conv1d(8, 8, 4, groups=8, padding=3), x1, 0),
                               (torch.nn.Conv1d(8, 8, 4, padding=3), x1, 2 * 2 * 23 * 8 * 8 * 4),
                               (torch.nn.Conv2d(8, 8, 3, groups=8, padding=1), x2,
-                               2 * 2 * 36 * 8 * 9)]:
+                               2 * 2 * 36 * 8 * 9),
+                              # weights of shape (C, 1, k) that are not depthwise
+                              (torch.nn.Conv1d(1, 8, 4), x3, 2 * 2 * 17 * 8 * 4),
+                              (torch.nn.ConvTranspose1d(8, 1, 4), x1, 2 * 2 * 20 * 8 * 4)]:
         with FlopCounter() as counter:
             conv(x)
         assert counter.total == expected, (conv, counter.by_op)

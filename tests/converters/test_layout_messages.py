@@ -153,20 +153,32 @@ def test_official_files_load_without_record_warnings(tmp_path, caplog):
     assert not [r for r in caplog.records if r.levelname == 'WARNING']
 
 
-@pytest.mark.parametrize('student_prefix', ['student.backbone.', 'student.', 'architecture.'])
-def test_a_file_with_a_teacher_and_a_student_is_refused(tmp_path, student_prefix):
-    """The teacher's prefix came first in the table: the student's pretrained= got the
-    teacher's weights from such a file (mmrazor's distillation checkpoints hold both)."""
+def test_an_mmrazor_distillation_file_is_refused(tmp_path):
+    """mmrazor keeps the student under ``architecture.`` and the teacher under ``teacher.``:
+    the teacher's prefix came first in the table, so a student's ``pretrained=`` silently
+    took the teacher's weights from such a file."""
     teacher, student = vit(), vit(attn_cfg='elu')
     state = {f'teacher.backbone.{k}': v for k, v in teacher.state_dict().items()}
-    state.update({f'{student_prefix}{k}': v for k, v in student.state_dict().items()})
-    with pytest.raises(CheckpointFileError, match='teacher backbone.*export_student.py'):
+    state.update({f'architecture.backbone.{k}': v for k, v in student.state_dict().items()})
+    with pytest.raises(CheckpointFileError, match='mmrazor.*convert_kd_ckpt_to_student'):
         convert_state_dict(state)
-    path = str(tmp_path / 'both.pth')
+    path = str(tmp_path / 'kd.pth')
     torch.save({'state_dict': state}, path)
-    named = 'architecture.' if student_prefix == 'architecture.' else 'student.'
-    with pytest.raises(CheckpointFileError, match=re.escape(f"keys under '{named}'")):
+    with pytest.raises(CheckpointFileError, match=re.escape("keys under 'architecture.'")):
         load_pretrained(vit(attn_cfg='elu'), path)
+
+
+def test_a_dinov2_training_file_loads_the_teacher():
+    """DINOv2's training checkpoints hold ``student.`` and ``teacher.`` networks; the teacher
+    is the one DINOv2 evaluates and releases."""
+    teacher, student = vit(), vit()
+    state = {f'teacher.backbone.{k}': v for k, v in teacher.state_dict().items()}
+    state.update({f'student.backbone.{k}': v for k, v in student.state_dict().items()})
+    state['student.dino_head.mlp.0.weight'] = torch.zeros(4, 32)
+    converted, report = convert_state_dict(state)
+    assert report.prefix == 'teacher.backbone.'
+    assert torch.equal(converted['blocks.1.attn.qkv.weight'],
+                       teacher.state_dict()['blocks.1.attn.qkv.weight'])
 
 
 def test_a_file_with_a_teacher_only_loads_the_teacher():

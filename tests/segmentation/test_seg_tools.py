@@ -222,6 +222,32 @@ def test_a_launched_process_without_launcher_is_refused(monkeypatch, capsys):
     assert train.parse_args(['cfg.py']).launcher == 'none'
 
 
+@pytest.mark.parametrize('launcher,variable', [('slurm', 'SLURM_NTASKS'),
+                                               ('mpi', 'OMPI_COMM_WORLD_SIZE')])
+def test_slurm_and_mpi_tasks_know_the_number_of_processes_before_the_runner(
+        monkeypatch, launcher, variable):
+    """The checks before the runner (iterations per epoch against an iteration warm-up)
+    read WORLD_SIZE, which mmengine sets only when it initialises the process group: under
+    srun they counted one process (2500 iterations per epoch instead of 313 for 8 tasks) and
+    the warning did not come."""
+    from mmengine.config import Config
+
+    from mmlinvit.engine.config_consistency import _epoch_loop_iterations
+    train = _load_tool('train')
+    monkeypatch.delenv('WORLD_SIZE', raising=False)
+    monkeypatch.setenv(variable, '8')
+    train.parse_args(['cfg.py'])  # --launcher none: one process, nothing exported
+    assert 'WORLD_SIZE' not in os.environ
+    monkeypatch.setenv('SLURM_PROCID', '0')
+    train.parse_args(['cfg.py', '--launcher', launcher])
+    assert os.environ['WORLD_SIZE'] == '8'
+    cfg = Config(dict(train_cfg=dict(max_epochs=1), train_dataloader=dict(batch_size=32)))
+    assert _epoch_loop_iterations(cfg, 80000) == 313
+    monkeypatch.setenv('WORLD_SIZE', '2')  # a launcher's own WORLD_SIZE is kept
+    train.parse_args(['cfg.py', '--launcher', launcher])
+    assert os.environ['WORLD_SIZE'] == '2'
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason='the CPU-only refusal')
 def test_gpu_launchers_on_a_cpu_machine_name_torchrun():
     from mmlinvit.engine.launch import init_cpu_distributed

@@ -68,7 +68,7 @@ def test_slurm_train_builds_the_srun_command(tmp_path):
 def test_slurm_train_without_work_dir_and_defaults(tmp_path):
     """A flag as fourth argument is passed on (no work directory); 8 tasks on one node."""
     env = _fake_srun(tmp_path, RECORDING_SRUN)
-    for name in ('GPUS', 'GPUS_PER_NODE', 'CPUS_PER_TASK', 'SRUN_ARGS', 'PORT'):
+    for name in ('GPUS', 'GPUS_PER_NODE', 'CPUS_PER_TASK', 'SRUN_ARGS', 'PORT', 'MASTER_PORT'):
         env.pop(name, None)
     proc = subprocess.run(['bash', osp.join(REPO, 'tools', 'slurm_train.sh'), 'gpu', 'job',
                            'c.py', '--resume'], env=env, capture_output=True, text=True,
@@ -119,3 +119,20 @@ def test_a_slurm_task_on_a_cpu_only_machine_names_torchrun(tmp_path):
     assert proc.returncode != 0
     assert '--launcher slurm' in proc.stderr and 'torchrun' in proc.stderr, proc.stderr[-2000:]
     assert 'Traceback' not in proc.stderr
+
+
+def test_the_repository_is_found_with_cdpath_exported_and_master_port_kept(tmp_path):
+    """``cd`` consults an exported CDPATH for a relative path (and prints where it went): the
+    repository was looked up in another folder with a ``tools`` directory."""
+    elsewhere = tmp_path / 'elsewhere'
+    (elsewhere / 'tools').mkdir(parents=True)
+    env = _fake_srun(tmp_path, RECORDING_SRUN)
+    env.pop('PORT', None)
+    env.update(CDPATH=str(elsewhere), MASTER_PORT='29777')
+    proc = subprocess.run(['bash', osp.join('tools', 'slurm_train.sh'), 'p', 'j', 'c.py'],
+                          env=env, capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    args = _recorded(tmp_path)
+    assert osp.join(REPO, 'tools', 'train.py') in args, args
+    exported = (tmp_path / 'srun_args.env').read_text()
+    assert f'PYTHONPATH={REPO}' in exported and 'MASTER_PORT=29777' in exported
