@@ -234,7 +234,9 @@ def test_slurm_and_mpi_tasks_know_the_number_of_processes_before_the_runner(
 
     from mmlinvit.engine.config_consistency import _epoch_loop_iterations
     train = _load_tool('train')
-    monkeypatch.delenv('WORLD_SIZE', raising=False)
+    # recorded, so that the WORLD_SIZE parse_args exports is removed after the test
+    monkeypatch.setenv('WORLD_SIZE', '1')
+    monkeypatch.delenv('WORLD_SIZE')
     monkeypatch.setenv(variable, '8')
     train.parse_args(['cfg.py'])  # --launcher none: one process, nothing exported
     assert 'WORLD_SIZE' not in os.environ
