@@ -9,7 +9,7 @@ from mmlinvit.engine.hooks.check_finite_hook import CheckFiniteHook
 
 
 def _runner(tmp_path, grad_norm=None):
-    hub = MessageHub.get_instance(f'h_check_{id(tmp_path)}')
+    hub = MessageHub.get_instance(f'check_finite_inf_{id(tmp_path)}')
     if grad_norm is not None:
         hub.update_scalar('train/grad_norm', grad_norm)
     return types.SimpleNamespace(iter=0, work_dir=str(tmp_path), message_hub=hub,

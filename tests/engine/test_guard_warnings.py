@@ -18,7 +18,7 @@ class _Records(logging.Handler):
 
 
 def test_config_check_warnings_are_logged_at_warning_level():
-    logger = MMLogger.get_instance('g15_check', log_level='DEBUG')
+    logger = MMLogger.get_instance('guard_warnings_check', log_level='DEBUG')
     handler = _Records()
     logger.addHandler(handler)
     try:
