@@ -4,9 +4,10 @@ Convention (printed by the tools as :data:`FLOP_CONVENTION`): **FLOPs = 2 x MACs
 multiply-add counts as two FLOPs, and only matmul-like work is counted: ``mm`` / ``addmm`` /
 ``bmm`` / ``baddbmm`` (so ``nn.Linear``, ``torch.matmul`` and ``torch.einsum``, which lower to
 them), convolutions (except depthwise 1-D ones, the Mamba-2 conv1d: on CPU it runs
-element-wise, and it counts zero on every device), scaled-dot-product attention (4 N^2 D: both of its matmuls) and the
-Triton linear-attention autograd Function (counted from its input shapes, below).  Element-wise
-ops, norms, softmax, feature maps and interpolation count zero, as in fvcore / mmengine.
+element-wise, so it counts zero on every device), scaled-dot-product attention (4 N^2 D: both
+of its matmuls) and the Triton linear-attention autograd Function (counted from its input
+shapes, below).  Element-wise ops, norms, softmax, feature maps and interpolation count zero,
+as in fvcore / mmengine.
 
 :class:`FlopCounter` wraps :class:`torch.utils.flop_counter.FlopCounterMode` (a dispatch mode
 that counts aten ops by shape, so it also works on ``torch.device('meta')`` tensors) and adds:
