@@ -140,10 +140,46 @@ def log_choice_once(logged: Set[Tuple[str, str]], operation: str, backend: str,
         logging.getLogger('mmlinvit').info('%s backend: %s (%s)', operation, backend, reason)
 
 
+#: Oldest NVIDIA compute capability the ``auto`` choice sends to the Triton kernels: they are
+#: tuned and tested on sm_80+ (A100, H100 / H200); older GPUs (V100 sm_70, T4 sm_75) lack bf16
+#: ``tl.dot`` and Triton's current releases list sm_80+ as supported hardware.
+MIN_AUTO_CAPABILITY = (8, 0)
+
+
+@torch.compiler.assume_constant_result
+def cuda_capability(index: Optional[int]) -> Tuple[int, int]:
+    """``torch.cuda.get_device_capability(index)``, a constant to ``torch.compile`` (dynamo
+    does not fold the call itself, so a compiled model's dispatch would break its graph)."""
+    return tuple(torch.cuda.get_device_capability(index))
+
+
+def accelerator_unsupported_reason(device: torch.device) -> Optional[str]:
+    """Why ``auto`` keeps the PyTorch path on this CUDA device, or None when the kernels fit.
+
+    ROCm devices (``torch.version.hip``) and NVIDIA GPUs below :data:`MIN_AUTO_CAPABILITY` get
+    a reason; ``backend='triton'`` (or the environment variable) still forces the kernels.
+
+    Args:
+        device: A ``cuda`` device.
+    """
+    if getattr(torch.version, 'hip', None):
+        return ('ROCm device: the Triton kernels are tested on NVIDIA sm_80+ only; '
+                "backend='triton' forces them")
+    major, minor = cuda_capability(device.index)
+    if (major, minor) < MIN_AUTO_CAPABILITY:
+        want = '.'.join(map(str, MIN_AUTO_CAPABILITY))
+        return (f'compute capability {major}.{minor} < {want}: the Triton kernels are tested '
+                f"on sm_80+ only; backend='triton' forces them")
+    return None
+
+
 def choose_auto_backend(device: torch.device, kernel_available: Callable[[], bool],
                         unsupported_reason: Callable[[], Optional[str]],
                         log_choice: Callable[[str, str], None]) -> str:
     """The ``auto`` choice: ``'triton'`` for CUDA tensors the installed kernel can take.
+
+    CUDA tensors stay on the PyTorch path on ROCm and below compute capability 8.0
+    (:func:`accelerator_unsupported_reason`).
 
     Args:
         device: Device of the inputs.
@@ -159,6 +195,10 @@ def choose_auto_backend(device: torch.device, kernel_available: Callable[[], boo
         return 'torch'
     if not kernel_available():
         log_choice('torch', 'auto: triton is not installed')
+        return 'torch'
+    reason = accelerator_unsupported_reason(device)
+    if reason is not None:
+        log_choice('torch', f'auto: {reason}')
         return 'torch'
     reason = unsupported_reason()
     if reason is not None:
