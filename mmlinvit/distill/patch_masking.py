@@ -2,8 +2,9 @@
 
 Torch only.  :class:`PatchMasking` checks a student backbone once (it must provide
 ``forward_tokens(x, patch_mask, mask_token)``), makes the learnable mask token and draws the
-masks.  Each image gets its own random set of ``round(ratio * h * w)`` masked patches of the
-corner-padded ``(h, w)`` patch grid; the draw depends only on ``(seed, step, rank)``
+masks.  Each image gets its own random set of ``N - int(N * (1 - ratio))`` masked patches of
+the corner-padded ``(h, w)`` patch grid (``N = h * w``; MAE's ``random_masking`` count, which
+keeps ``int(N * (1 - ratio))`` patches); the draw depends only on ``(seed, step, rank)``
 (:func:`mask_stream_seed`), so a resumed run that restores ``step`` draws the same masks again.
 
 ``seed`` defaults to the run's seed: ``None`` reads torch's default generator's seed when the
@@ -61,7 +62,8 @@ def sample_patch_mask(batch_size: int, num_patches: int, ratio: float, seed: int
     Args:
         batch_size: Number of images B.
         num_patches: Patches per image N.
-        ratio: Fraction of the patches masked; ``round(ratio * N)`` per image.
+        ratio: Fraction of the patches masked: ``N - int(N * (1 - ratio))`` per image, as MAE's
+            ``random_masking`` (it keeps ``int(N * (1 - ratio))``).
         seed: The mask seed (:attr:`PatchMasking.seed`).
         step: Training step (masks differ from step to step).
         rank: Distributed rank (masks differ from rank to rank).
@@ -69,7 +71,7 @@ def sample_patch_mask(batch_size: int, num_patches: int, ratio: float, seed: int
     Returns:
         (B, N) bool, True where a patch is masked.
     """
-    num_masked = int(round(ratio * num_patches))
+    num_masked = num_patches - int(num_patches * (1 - ratio))
     generator = torch.Generator().manual_seed(mask_stream_seed(seed, step, rank))
     noise = torch.rand(batch_size, num_patches, generator=generator)
     masked_idx = noise.argsort(dim=1)[:, :num_masked]

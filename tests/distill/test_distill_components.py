@@ -176,10 +176,10 @@ def reference_masks(batch, num_patches, ratio, seed, step, rank):
     generator.manual_seed(int(np.random.SeedSequence(
         seed, spawn_key=(0x6D61736B, step, rank)).generate_state(1, np.uint64)[0]))
     order = torch.rand(batch, num_patches, generator=generator).argsort(dim=1)
-    keep = int(round(ratio * num_patches))
+    num_masked = num_patches - int(num_patches * (1 - ratio))  # MAE's count (kept: the int)
     mask = torch.zeros(batch, num_patches, dtype=torch.bool)
     for b in range(batch):
-        mask[b, order[b, :keep]] = True
+        mask[b, order[b, :num_masked]] = True
     return mask
 
 
@@ -188,7 +188,7 @@ def reference_masks(batch, num_patches, ratio, seed, step, rank):
 def test_mask_stream_is_unchanged(ratio, seed, step, rank):
     mask = sample_patch_mask(3, 49, ratio, seed, step, rank)
     assert torch.equal(mask, reference_masks(3, 49, ratio, seed, step, rank))
-    assert (mask.sum(1) == round(ratio * 49)).all()
+    assert (mask.sum(1) == 49 - int(49 * (1 - ratio))).all()  # 0.5: 25 masked, 24 kept
     # the component: corner-padded grid of a 26 x 27 input with 4-pixel patches is 7 x 7
     masking = PatchMasking(ratio=ratio, seed=seed)
     inputs = torch.zeros(3, 3, 26, 27)

@@ -1,28 +1,31 @@
 """How many patches ViT-Linearizer's patch masking masks per image.
 
 Guards :func:`mmlinvit.distill.patch_masking.sample_patch_mask` and
-:meth:`~mmlinvit.distill.patch_masking.PatchMasking.sample`, whose documented contract is
-``round(ratio * N)`` masked patches in every image of the batch (N = patches of the
-corner-padded grid).  The default 196 x 0.75 = 147 is an integer, so truncating instead of
-rounding (``int(ratio * N)``, one patch fewer whenever ``ratio * N`` has a fractional part
->= 0.5) changed nothing the existing tests looked at (mutation-audit survivor m44).  The cases
-below are chosen where rounding and truncation differ: 5 x 0.75 = 3.75, 7 x 0.7 = 4.9,
-9 x 0.55 = 4.95, 37 x 37 x 0.75 = 1026.75 (DINOv2's 518 px grid), 3 x 0.9 = 2.7, plus integer
-products (10 x 0.3, 196 x 0.75) and ratio 0.  Exact .5 ties are left out: the docstring does not
-say how they round.
+:meth:`~mmlinvit.distill.patch_masking.PatchMasking.sample`, whose documented contract is MAE's
+``random_masking`` count: ``int(N * (1 - ratio))`` patches kept, the other
+``N - int(N * (1 - ratio))`` masked in every image of the batch (N = patches of the
+corner-padded grid).  The default 196 x 0.75 = 147 is an integer, so other roundings changed
+nothing the earlier tests looked at (mutation-audit survivor m44: truncating ``ratio * N``).
+The cases below are chosen where the count differs from ``int(ratio * N)`` (3.75, 4.9, 4.95,
+2.7, 1026.75 on DINOv2's 518 px grid) and from ``round(ratio * N)``, the count before the
+MAE convention (7 x 0.75 = 5.25 -> 6; the .5 ties 10 x 0.25 and 5 x 0.5 -> 3), plus integer
+products up to fp error (10 x 0.3, 196 x 0.75) and ratio 0.
 """
 import pytest
 import torch
 
 from mmlinvit.distill import PatchMasking, sample_patch_mask
 
-# (N, ratio, round(ratio * N))
+# (N, ratio, N - int(N * (1 - ratio)))
 CASES = [
-    (5, 0.75, 4),       # 3.75: floor would give 3
+    (5, 0.75, 4),       # 3.75: int(ratio * N) would give 3
     (7, 0.7, 5),        # 4.9
     (9, 0.55, 5),       # 4.95
     (3, 0.9, 3),        # 2.7
     (37 * 37, 0.75, 1027),  # 1026.75
+    (7, 0.75, 6),       # 5.25: round(ratio * N) would give 5
+    (10, 0.25, 3),      # 2.5: round() gives 2 (to even)
+    (5, 0.5, 3),        # 2.5: round() gives 2 (to even)
     (10, 0.3, 3),       # 3.0000000000000004 (an integer up to fp error)
     (196, 0.75, 147),   # the default ViT-B/16 grid
     (50, 0.0, 0),
@@ -30,8 +33,8 @@ CASES = [
 
 
 @pytest.mark.parametrize('num_patches,ratio,expected', CASES)
-def test_masks_round_ratio_times_n_patches_per_image(num_patches, ratio, expected):
-    assert expected == int(round(ratio * num_patches))  # the docstring's formula
+def test_masks_mae_count_per_image(num_patches, ratio, expected):
+    assert expected == num_patches - int(num_patches * (1 - ratio))  # the docstring's formula
     for step in (0, 1, 7):
         for rank in (0, 3):
             mask = sample_patch_mask(4, num_patches, ratio, seed=0, step=step, rank=rank)
