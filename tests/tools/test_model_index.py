@@ -139,3 +139,38 @@ def test_every_checkpoint_says_how_to_get_it(tool):
                                     and 'https://' not in hint):
                         missing.append((model['Name'], ckpt['Key']))
     assert not missing, missing
+
+
+def test_student_label_says_when_the_student_starts_from_random_weights(tool):
+    """A ViT student without weights (the Linearizer ViT-B, the demo's softmax model) was
+    labelled 'DeiT ViT-B/16', as if it started from DeiT's weights; ``family`` only names its
+    layout.  Students that read weights (``pretrained=``, a Pretrained ``init_cfg``,
+    ``load_from``, a weight transfer from the teacher) keep the family label."""
+    from mmengine.config import Config
+    backbone = dict(type='mmlinvit.LinearVisionTransformer', arch='b', family='deit')
+    random_label = 'ViT-B/16 (DeiT layout, random init)'
+
+    def student_label(model: dict, **cfg) -> str:
+        return tool.describe('configs/x.py', Config(dict(
+            model=model, default_scope='mmpretrain', crop_size=224, **cfg)))['Student']
+
+    def distill(student: dict, **extra) -> dict:
+        return dict(type='mmlinvit.DistillationModel', student=student,
+                    teacher=dict(type='mmlinvit.VisionTransformer', arch='b', family='clip',
+                                 pretrained='t.pth'), **extra)
+
+    assert student_label(distill(dict(backbone))) == random_label
+    assert student_label(distill(dict(backbone), weight_transfer=dict(type='random'))) == \
+        random_label
+    assert student_label(distill(dict(backbone), weight_transfer=dict(type='mlp_copy'))) == \
+        'DeiT ViT-B/16'
+    assert student_label(distill(dict(backbone, pretrained='s.pth'))) == 'DeiT ViT-B/16'
+    init = dict(type='Pretrained', checkpoint='s.pth')
+    classifier = dict(type='ImageClassifier', backbone=dict(backbone, init_cfg=init))
+    assert student_label(classifier) == 'DeiT ViT-B/16'
+    classifier = dict(type='ImageClassifier', backbone=dict(backbone))
+    assert student_label(classifier) == random_label
+    assert student_label(classifier, load_from='run/epoch_3.pth') == 'DeiT ViT-B/16'
+    adventurer = dict(type='mmlinvit.Adventurer', arch='b')
+    assert student_label(distill(adventurer)) == 'Adventurer-B/16 (random init)'
+    assert student_label(distill(dict(adventurer, pretrained='a.pth'))) == 'Adventurer-B/16'

@@ -103,7 +103,15 @@ def metafile_of(config: str) -> str:
     return f'{osp.dirname(config)}/metafile.yml'
 
 
-def _backbone_label(backbone: Optional[dict]) -> str:
+def _backbone_label(backbone: Optional[dict], random_init: bool = False) -> str:
+    """The architecture label of a backbone config, e.g. ``'DINOv2 ViT-L/14'``.
+
+    Args:
+        backbone: The backbone config.
+        random_init: Whether the deployed model starts from random weights; a ViT then reads
+            ``'ViT-B/16 (DeiT layout, random init)'`` rather than ``'DeiT ViT-B/16'``, which
+            would suggest DeiT's weights.
+    """
     if not isinstance(backbone, dict):
         return '-'
     kind = str(backbone.get('type', '')).split('.')[-1]
@@ -111,13 +119,46 @@ def _backbone_label(backbone: Optional[dict]) -> str:
     arch_label = arch.upper() if isinstance(arch, str) else \
         f'D{arch.get("embed_dims")}x{arch.get("num_layers")}'
     if kind == 'Adventurer':
-        return f'Adventurer-{arch_label}/{backbone.get("patch_size", 16)}'
+        label = f'Adventurer-{arch_label}/{backbone.get("patch_size", 16)}'
+        return f'{label} (random init)' if random_init else label
     if kind in ('VisionTransformer', 'LinearVisionTransformer'):
         from mmlinvit.backbones.arch_zoo import family_defaults
         family = backbone.get('family', 'deit')
         patch = backbone.get('patch_size') or family_defaults(family, 0)['patch_size']
-        return f'{FAMILY_NAMES.get(family, family)} ViT-{arch_label}/{patch}'
-    return kind or '-'
+        family_label = FAMILY_NAMES.get(family, family)
+        if random_init:
+            return f'ViT-{arch_label}/{patch} ({family_label} layout, random init)'
+        return f'{family_label} ViT-{arch_label}/{patch}'
+    return f'{kind} (random init)' if kind and random_init else kind or '-'
+
+
+def _has_pretrained_init(module_cfg: Any) -> bool:
+    """Whether a model / backbone config reads weights (``pretrained=`` or a Pretrained
+    ``init_cfg``) anywhere inside it."""
+    if isinstance(module_cfg, dict):
+        if isinstance(module_cfg.get('pretrained', None), str) and module_cfg['pretrained']:
+            return True
+        init_cfgs = module_cfg.get('init_cfg', None)
+        for init in init_cfgs if isinstance(init_cfgs, (list, tuple)) else [init_cfgs]:
+            if isinstance(init, dict) and init.get('type') == 'Pretrained':
+                return True
+        return any(_has_pretrained_init(v) for k, v in module_cfg.items() if k != 'init_cfg')
+    if isinstance(module_cfg, (list, tuple)):
+        return any(_has_pretrained_init(v) for v in module_cfg)
+    return False
+
+
+def _deployed_backbone_random(cfg: Any, model: dict, deployed: dict, backbone: dict) -> bool:
+    """Whether the deployed backbone starts from random weights: no ``pretrained=`` /
+    Pretrained ``init_cfg`` in the deployed model, no ``load_from`` and no weight transfer
+    from a teacher (other than ``type='random'``)."""
+    if _has_pretrained_init(deployed) or _has_pretrained_init(backbone):
+        return False
+    if isinstance(cfg.get('load_from', None), str) and cfg.load_from:
+        return False
+    transfer = model.get('weight_transfer', None) if model.get('type') in DISTILLATION_TYPES \
+        else None
+    return transfer is None or (isinstance(transfer, dict) and transfer.get('type') == 'random')
 
 
 def _operator_label(backbone: Optional[dict]) -> str:
@@ -194,13 +235,14 @@ def describe(config: str, cfg: Optional[Any] = None) -> Dict[str, Any]:
         backbone, task = deployed['backbone'], TASKS[scope]
     else:  # a bare backbone: the student of a backbone-level distillation
         backbone, task = deployed, 'Backbone distillation'
+    random_init = _deployed_backbone_random(cfg, model, deployed, backbone)
     teacher = '-'
     if wrapped:
         t = model['teacher']
         t = t.get('backbone', t)
         teacher = f'{_backbone_label(t)} ({_operator_label(t)})'
     h, w = count_flops.config_input_size(cfg)
-    return dict(Task=task, Student=_backbone_label(backbone), Operator=_operator_label(backbone),
+    return dict(Task=task, Student=_backbone_label(backbone, random_init), Operator=_operator_label(backbone),
                 Teacher=teacher, Crop=f'{h}x{w}', Distillation=bool(distill),
                 Checkpoints=_checkpoints(cfg))
 
