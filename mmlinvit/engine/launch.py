@@ -84,10 +84,14 @@ _WORLD_SIZE_VARIABLES = {'slurm': 'SLURM_NTASKS', 'mpi': 'OMPI_COMM_WORLD_SIZE'}
 
 def _export_launcher_world_size(launcher: str) -> None:
     """Sets ``WORLD_SIZE`` from the Slurm / MPI launcher's variable, as mmengine's
-    ``init_dist`` does later, so that the checks run before it count the processes."""
+    ``init_dist`` does later, so that the checks run before it count the processes.
+
+    An exported ``WORLD_SIZE`` is replaced, as mmengine replaces it (``srun`` and ``mpirun``
+    pass the shell's environment on: a stale value would make the checks count another number
+    of processes than the run)."""
     variable = _WORLD_SIZE_VARIABLES.get(launcher)
     value = os.environ.get(variable, '') if variable else ''
-    if 'WORLD_SIZE' not in os.environ and value.isdigit():
+    if value.isdigit():
         os.environ['WORLD_SIZE'] = value
 
 
