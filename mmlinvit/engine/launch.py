@@ -68,6 +68,7 @@ def parse_launch_args(parser: argparse.ArgumentParser,
     if 'LOCAL_RANK' not in os.environ:
         os.environ['LOCAL_RANK'] = str(args.local_rank)
     _export_launcher_world_size(args.launcher)
+    _check_slurm_master_addr(parser, args.launcher)
     if args.launcher != 'none' and _launcher_rank(args.launcher) > 0:
         _quiet_before_runner()
     return args
@@ -93,6 +94,28 @@ def _export_launcher_world_size(launcher: str) -> None:
     value = os.environ.get(variable, '') if variable else ''
     if value.isdigit():
         os.environ['WORLD_SIZE'] = value
+
+
+#: Addresses that name the local machine only.
+_LOOPBACK_ADDRESSES = ('localhost', '127.0.0.1', '::1', '0.0.0.0')
+
+
+def _check_slurm_master_addr(parser: argparse.ArgumentParser, launcher: str) -> None:
+    """Refuses a loopback ``MASTER_ADDR`` exported into a Slurm job on several nodes.
+
+    mmengine's Slurm set-up keeps an exported ``MASTER_ADDR`` instead of the job's first node
+    (``srun`` passes the shell's environment on): with a loopback address the processes of the
+    other nodes wait for a rendezvous on their own machine, and the job hangs without a word.
+    """
+    if launcher != 'slurm':
+        return
+    nodes = os.environ.get('SLURM_NNODES', os.environ.get('SLURM_JOB_NUM_NODES', '1'))
+    address = os.environ.get('MASTER_ADDR', '')
+    if nodes.isdigit() and int(nodes) > 1 and address.strip().lower() in _LOOPBACK_ADDRESSES:
+        parser.error(f'MASTER_ADDR={address} is exported into a Slurm job on {nodes} nodes: '
+                     f'mmengine keeps it instead of the job\'s first node, and the other nodes '
+                     f'would wait for {address} on their own machine (the job hangs). Run '
+                     f'`unset MASTER_ADDR` before sbatch / srun (tools/slurm_train.sh).')
 
 
 def _launcher_rank(launcher: str) -> int:

@@ -447,3 +447,26 @@ def test_test_tool_evaluates_a_distillation_student_without_teacher_files(tmp_pa
     assert 0.0 <= metrics['mIoU'] <= 100.0
     _assert_evaluated({f'student.{k}': v for k, v in student.items()})
     assert not gone.exists()
+
+
+def test_a_loopback_master_addr_in_a_multi_node_slurm_job_is_refused(monkeypatch, capsys):
+    """mmengine keeps an exported MASTER_ADDR under Slurm: localhost on a 2-node job made the
+    second node wait for a rendezvous on itself (a silent hang)."""
+    train = _load_tool('train')
+    monkeypatch.setenv('WORLD_SIZE', '1')  # recorded: parse_args exports it
+    monkeypatch.setenv('SLURM_NTASKS', '16')
+    monkeypatch.setenv('SLURM_PROCID', '0')
+    monkeypatch.setenv('SLURM_NNODES', '2')
+    monkeypatch.setenv('MASTER_ADDR', 'localhost')
+    with pytest.raises(SystemExit):
+        train.parse_args(['cfg.py', '--launcher', 'slurm'])
+    assert 'unset MASTER_ADDR' in capsys.readouterr().err
+    for nodes, address in [('1', 'localhost'), ('2', 'gpu-node-017')]:
+        monkeypatch.setenv('SLURM_NNODES', nodes)
+        monkeypatch.setenv('MASTER_ADDR', address)
+        assert train.parse_args(['cfg.py', '--launcher', 'slurm']).launcher == 'slurm'
+    monkeypatch.setenv('SLURM_NNODES', '2')
+    monkeypatch.delenv('MASTER_ADDR')  # mmengine takes the job's first node
+    assert train.parse_args(['cfg.py', '--launcher', 'slurm']).launcher == 'slurm'
+    monkeypatch.setenv('MASTER_ADDR', '127.0.0.1')  # other launchers: not Slurm's business
+    assert train.parse_args(['cfg.py', '--launcher', 'pytorch']).launcher == 'pytorch'
