@@ -114,8 +114,15 @@ def _strip_scope(type_name: Any) -> str:
     return type_name.split('.')[-1] if isinstance(type_name, str) else ''
 
 
-def _is_remote(path: str) -> bool:
-    return '://' in path or path.startswith(('open-mmlab:', 'mmcls:', 'torchvision:'))
+def is_remote_path(path: str) -> bool:
+    """Whether mmengine fetches ``path`` through a URL scheme rather than from the disk.
+
+    Every scheme mmengine's ``CheckpointLoader`` registers has ``://`` (http(s), pavi,
+    open-mmlab / openmmlab, mmcls, modelzoo / torchvision; s3 through its file backends);
+    ``'open-mmlab:x'`` without ``//`` is read as a local file, so it is checked as one (it
+    was taken for remote and failed inside the runner with a bare FileNotFoundError).
+    """
+    return '://' in path
 
 
 def _iter_datasets(dataset: Any, where: str) -> Iterator[Tuple[dict, str]]:
@@ -273,7 +280,7 @@ def _check_dataset(dataset: dict, where: str, hints: Dict[str, str]) -> List[str
     if isinstance(prefixes, str):
         prefixes = {'data_prefix': prefixes}
     for key, prefix in prefixes.items():
-        if not isinstance(prefix, str) or not prefix or _is_remote(prefix):
+        if not isinstance(prefix, str) or not prefix or is_remote_path(prefix):
             continue
         folder = prefix if osp.isabs(prefix) else osp.join(data_root, prefix)
         location = f'{where}.data_prefix' + ('' if key == 'data_prefix' else f'.{key}')
@@ -293,7 +300,7 @@ def _check_dataset(dataset: dict, where: str, hints: Dict[str, str]) -> List[str
                     f'no label maps *{suffix} under {folder!r} ({where}). The raw data may not '
                     f'be converted yet.\n    How to get it: {advice(location)}')
     ann_file = dataset.get('ann_file') or ''
-    if ann_file and not _is_remote(ann_file):
+    if ann_file and not is_remote_path(ann_file):
         path = ann_file if osp.isabs(ann_file) else osp.join(data_root, ann_file)
         if not osp.isfile(path):
             problems.append(f'annotation file {path!r} ({where}.ann_file) does not exist.\n'
@@ -357,7 +364,7 @@ def find_missing_inputs(cfg: Any,
     if checkpoint:
         ckpts.append((checkpoint, 'checkpoint argument'))
     for path, where in ckpts:
-        if _is_remote(path) or osp.isfile(path):
+        if is_remote_path(path) or osp.isfile(path):
             continue
         problems.append(f'checkpoint {path!r} ({where}) does not exist.\n'
                         f'    How to get it: {hints.get(where, _GENERIC_CKPT_HINT)}')

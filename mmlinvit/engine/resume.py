@@ -32,6 +32,8 @@ from mmengine.runner.checkpoint import get_torch_safe_globals
 from mmlinvit.converters.checkpoint_file import (ZIP_MAGIC, CheckpointFileError,
                                                  check_checkpoint_file, checkpoint_file_problem)
 
+from .preflight import is_remote_path
+
 #: Names ``CheckpointHook`` gives checkpoints by default (``iter_<n>.pth`` / ``epoch_<n>.pth``).
 NUMBERED_CHECKPOINT = re.compile(r'^(?:iter|epoch)_(\d+)\.pth$')
 
@@ -193,7 +195,7 @@ def check_resume_or_load_from(resume: bool, load_from: Optional[str], work_dir: 
 
 
 def _is_local(path: str) -> bool:
-    return '://' not in path and not path.startswith(('open-mmlab:', 'mmcls:', 'torchvision:'))
+    return not is_remote_path(path)
 
 
 def checkpoint_meta(path: str) -> Dict[str, Any]:
