@@ -118,3 +118,16 @@ def test_a_setting_only_the_model_preprocessor_has_is_a_difference():
                                           std=IMAGENET_STD))
     with pytest.raises(DistillationConfigError, match='to_rgb'):
         check_student_preprocessing(student, dict(MODEL_PRE))
+
+
+def test_caffe_style_preprocessing_is_in_0_255_units():
+    """A 0-255 preprocessor that only subtracts the mean (std 1, caffe style) was read as 0-1
+    units by its std alone and refused next to 0-255 teacher statistics; its mean tells."""
+    caffe = Pre([103.53, 116.28, 123.675], [1.0, 1.0, 1.0])
+    norm = TeacherInputNorm(CLIP_MEAN, CLIP_STD, caffe)
+    assert norm.stats['std'] == pytest.approx(CLIP_STD)
+    with pytest.raises(DistillationConfigError, match='different units'):
+        TeacherInputNorm([0.48, 0.46, 0.41], [0.27, 0.26, 0.28], caffe)
+    # mean 0 / std 1 does not normalise at all: either units are accepted
+    for mean, std in [(CLIP_MEAN, CLIP_STD), ([0.48, 0.46, 0.41], [0.27, 0.26, 0.28])]:
+        TeacherInputNorm(mean, std, Pre([0.0, 0.0, 0.0], [1.0, 1.0, 1.0]))

@@ -5,7 +5,7 @@ CLIP teacher under ImageNet statistics) gets ``teacher_input_norm=dict(mean=...,
 in the distillation model config; its batch is converted from the student's normalisation on
 the fly: ``x_t = (x_s * std_s + mean_s - mean_t) / std_t``.
 """
-from typing import Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -36,6 +36,20 @@ def student_input_stats(data_preprocessor: nn.Module) -> Tuple[torch.Tensor, tor
             f'mmpretrain config, or inside the student task model), or drop '
             f'teacher_input_norm')
     return mean.detach().flatten().float(), std.detach().flatten().float()
+
+
+def _pixel_units(mean: torch.Tensor, std: torch.Tensor) -> Optional[str]:
+    """``'0-1'`` or ``'0-255'``: the pixel units a set of statistics is given in.
+
+    A pixel std is at most 0.5 in 0-1 units and far above 1 in 0-255 units, a mean at most 1
+    in 0-1 units; a std of exactly 1 (caffe-style 0-255 preprocessing: mean subtraction only)
+    is told by its mean.  None for mean 0 and std 1 (no normalisation: either units).
+    """
+    if float(std.max()) > 1.0 or float(mean.abs().max()) > 1.0:
+        return '0-255'
+    if bool((std == 1.0).all()) and bool((mean == 0.0).all()):
+        return None
+    return '0-1'
 
 
 class TeacherInputNorm(nn.Module):
@@ -71,9 +85,9 @@ class TeacherInputNorm(nn.Module):
             raise DistillationConfigError(f'teacher_input_norm.std must be positive, got '
                                           f'{std_t.tolist()}')
         # Both sets must be in the same units: a 0-1 set next to a 0-255 one is a typo that
-        # would silently feed the teacher images scaled by 255.  A pixel std is at most 0.5
-        # in 0-1 units and far above 1 in 0-255 units.
-        if (float(std_t.max()) <= 1.0) != (float(std_s.max()) <= 1.0):
+        # would silently feed the teacher images scaled by 255.
+        units_t, units_s = _pixel_units(mean_t, std_t), _pixel_units(mean_s, std_s)
+        if None not in (units_t, units_s) and units_t != units_s:
             raise DistillationConfigError(
                 f'teacher_input_norm std {std_t.tolist()} and the data preprocessor std '
                 f'{std_s.tolist()} are in different units (0-1 vs 0-255): give the teacher '
