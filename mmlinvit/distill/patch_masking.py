@@ -70,8 +70,16 @@ def sample_patch_mask(batch_size: int, num_patches: int, ratio: float, seed: int
 
     Returns:
         (B, N) bool, True where a patch is masked.
+
+    Raises:
+        DistillationConfigError: when the ratio leaves no patch visible.
     """
     num_masked = num_patches - int(num_patches * (1 - ratio))
+    if num_patches > 0 and num_masked >= num_patches:
+        raise DistillationConfigError(
+            f'patch_masking.ratio={ratio} masks all {num_patches} patches of the grid '
+            f'(int(N * (1 - ratio)) = 0 visible): the activation-matching loss would see no '
+            f'token; lower the ratio or use larger images')
     generator = torch.Generator().manual_seed(mask_stream_seed(seed, step, rank))
     noise = torch.rand(batch_size, num_patches, generator=generator)
     masked_idx = noise.argsort(dim=1)[:, :num_masked]

@@ -7,7 +7,7 @@ Guards :func:`mmlinvit.distill.patch_masking.sample_patch_mask` and
 corner-padded grid).  The default 196 x 0.75 = 147 is an integer, so other roundings changed
 nothing the earlier tests looked at (mutation-audit survivor m44: truncating ``ratio * N``).
 The cases below are chosen where the count differs from ``int(ratio * N)`` (3.75, 4.9, 4.95,
-2.7, 1026.75 on DINOv2's 518 px grid) and from ``round(ratio * N)``, the count before the
+11.7, 1026.75 on DINOv2's 518 px grid) and from ``round(ratio * N)``, the count before the
 MAE convention (7 x 0.75 = 5.25 -> 6; the .5 ties 10 x 0.25 and 5 x 0.5 -> 3), plus integer
 products up to fp error (10 x 0.3, 196 x 0.75) and ratio 0.
 """
@@ -21,7 +21,7 @@ CASES = [
     (5, 0.75, 4),       # 3.75: int(ratio * N) would give 3
     (7, 0.7, 5),        # 4.9
     (9, 0.55, 5),       # 4.95
-    (3, 0.9, 3),        # 2.7
+    (13, 0.9, 12),      # 11.7
     (37 * 37, 0.75, 1027),  # 1026.75
     (7, 0.75, 6),       # 5.25: round(ratio * N) would give 5
     (10, 0.25, 3),      # 2.5: round() gives 2 (to even)
@@ -59,3 +59,14 @@ def test_patch_masking_component_counts_on_the_corner_padded_grid():
     # 5 x 0.75 = 3.75 -> 4 on a 1 x 5 grid (16 x 80 images at patch 16).
     mask = PatchMasking(ratio=0.75, seed=0).sample(torch.zeros(2, 3, 16, 80), 16, step=0)
     assert mask.shape == (2, 5) and mask.sum(dim=1).tolist() == [4, 4]
+
+
+@pytest.mark.parametrize('num_patches,ratio', [(9, 0.9), (3, 0.75), (1, 0.5)])
+def test_a_ratio_that_leaves_no_patch_visible_is_refused(num_patches, ratio):
+    """MAE's count keeps int(N (1 - ratio)) patches, 0 on small grids at high ratios: the
+    activation-matching loss of such a batch would see no token (it added 0 to the mean)."""
+    from mmlinvit.distill import DistillationConfigError
+    with pytest.raises(DistillationConfigError, match='masks all'):
+        sample_patch_mask(2, num_patches, ratio, seed=0, step=0)
+    assert sample_patch_mask(2, num_patches + 4, 0.5, seed=0, step=0).sum(1).lt(
+        num_patches + 4).all()
