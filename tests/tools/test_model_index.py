@@ -171,6 +171,9 @@ def test_student_label_says_when_the_student_starts_from_random_weights(tool):
     classifier = dict(type='ImageClassifier', backbone=dict(backbone))
     assert student_label(classifier) == random_label
     assert student_label(classifier, load_from='run/epoch_3.pth') == 'DeiT ViT-B/16'
+    with_head_weights = dict(classifier, head=dict(type='LinearClsHead', init_cfg=init))
+    assert student_label(with_head_weights) == random_label  # a head's weights only
+    assert student_label(dict(classifier, pretrained='whole.pth')) == 'DeiT ViT-B/16'
     adventurer = dict(type='mmlinvit.Adventurer', arch='b')
     assert student_label(distill(adventurer)) == 'Adventurer-B/16 (random init)'
     assert student_label(distill(dict(adventurer, pretrained='a.pth'))) == 'Adventurer-B/16'

@@ -132,27 +132,24 @@ def _backbone_label(backbone: Optional[dict], random_init: bool = False) -> str:
     return f'{kind} (random init)' if kind and random_init else kind or '-'
 
 
-def _has_pretrained_init(module_cfg: Any) -> bool:
-    """Whether a model / backbone config reads weights (``pretrained=`` or a Pretrained
-    ``init_cfg``) anywhere inside it."""
-    if isinstance(module_cfg, dict):
-        if isinstance(module_cfg.get('pretrained', None), str) and module_cfg['pretrained']:
-            return True
-        init_cfgs = module_cfg.get('init_cfg', None)
-        for init in init_cfgs if isinstance(init_cfgs, (list, tuple)) else [init_cfgs]:
-            if isinstance(init, dict) and init.get('type') == 'Pretrained':
-                return True
-        return any(_has_pretrained_init(v) for k, v in module_cfg.items() if k != 'init_cfg')
-    if isinstance(module_cfg, (list, tuple)):
-        return any(_has_pretrained_init(v) for v in module_cfg)
-    return False
+def _reads_weights(module_cfg: Any) -> bool:
+    """Whether a module config reads weights itself: ``pretrained=`` or a Pretrained
+    ``init_cfg``."""
+    if not isinstance(module_cfg, dict):
+        return False
+    if isinstance(module_cfg.get('pretrained', None), str) and module_cfg['pretrained']:
+        return True
+    init_cfgs = module_cfg.get('init_cfg', None)
+    inits = init_cfgs if isinstance(init_cfgs, (list, tuple)) else [init_cfgs]
+    return any(isinstance(init, dict) and init.get('type') == 'Pretrained' for init in inits)
 
 
 def _deployed_backbone_random(cfg: Any, model: dict, deployed: dict, backbone: dict) -> bool:
     """Whether the deployed backbone starts from random weights: no ``pretrained=`` /
-    Pretrained ``init_cfg`` in the deployed model, no ``load_from`` and no weight transfer
-    from a teacher (other than ``type='random'``)."""
-    if _has_pretrained_init(deployed) or _has_pretrained_init(backbone):
+    Pretrained ``init_cfg`` on the backbone or the whole deployed model (heads' own do not
+    count), no ``load_from`` and no weight transfer from a teacher (other than
+    ``type='random'``)."""
+    if _reads_weights(deployed) or _reads_weights(backbone):
         return False
     if isinstance(cfg.get('load_from', None), str) and cfg.load_from:
         return False
@@ -242,7 +239,8 @@ def describe(config: str, cfg: Optional[Any] = None) -> Dict[str, Any]:
         t = t.get('backbone', t)
         teacher = f'{_backbone_label(t)} ({_operator_label(t)})'
     h, w = count_flops.config_input_size(cfg)
-    return dict(Task=task, Student=_backbone_label(backbone, random_init), Operator=_operator_label(backbone),
+    return dict(Task=task, Student=_backbone_label(backbone, random_init),
+                Operator=_operator_label(backbone),
                 Teacher=teacher, Crop=f'{h}x{w}', Distillation=bool(distill),
                 Checkpoints=_checkpoints(cfg))
 
