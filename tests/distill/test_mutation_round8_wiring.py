@@ -35,7 +35,8 @@ from mmlinvit.models.distill import DistillationConfigError
 from mmlinvit.models.distill.input_specs import token_layout
 from mmlinvit.registry import MODELS
 
-from distill_testing import IMG_SIZE, PATCH, tiny_arch
+from distill_testing import IMG_SIZE, PATCH
+from test_distillation_model import linearizer_model, vit
 
 GRID = IMG_SIZE // PATCH
 RATIO = 0.75
@@ -50,38 +51,11 @@ def _mmpretrain_scope():
         yield
 
 
-def _vit(attn: str, width: int = 16, **kwargs: Any) -> dict:
-    cfg = dict(type='mmlinvit.VisionTransformer', arch=tiny_arch(embed_dims=width),
-               patch_size=PATCH, img_size=IMG_SIZE, attn_cfg=attn, out_type='raw')
-    cfg.update(kwargs)
-    return cfg
-
-
 def _masked_cfg(**overrides: Any) -> dict:
-    """A Linearizer-like model: masked student, wider teacher with registers, a connector."""
-    cfg = dict(
-        type='mmlinvit.DistillationModel',
-        student=_vit('elu'),
-        teacher=_vit('softmax', width=24, num_reg_tokens=TEACHER_REGS),
-        student_recorders=dict(stages=dict(type='ModuleOutputs', source='blocks.{i}'),
-                               final='norm'),
-        teacher_recorders=dict(stages=dict(type='ModuleOutputs', source='blocks.{i}'),
-                               final='norm'),
-        patch_masking=dict(ratio=RATIO, seed=SEED),
-        connectors=dict(proj=dict(type='mmlinvit.LinearConnector', in_channels=16,
-                                  out_channels=24)),
-        distill_losses=dict(
-            act=dict(loss=dict(type='mmlinvit.ActivationMatchingLoss'),
-                     inputs=dict(student_feats='student.stages', teacher_feats='teacher.stages',
-                                 patch_mask='context.patch_mask',
-                                 student_token_layout='context.student_token_layout',
-                                 teacher_token_layout='context.teacher_token_layout')),
-            mask=dict(loss=dict(type='mmlinvit.MaskedPredictionLoss'),
-                      inputs=dict(student_feats=dict(source='student.final', connector='proj'),
-                                  teacher_feats='teacher.final',
-                                  patch_mask='context.patch_mask',
-                                  student_token_layout='context.student_token_layout',
-                                  teacher_token_layout='context.teacher_token_layout'))))
+    """A Linearizer-like model (:func:`test_distillation_model.linearizer_model`: masked
+    student, wider teacher, a connector) whose teacher has register tokens."""
+    cfg = linearizer_model(teacher=vit('softmax', width=24, num_reg_tokens=TEACHER_REGS),
+                           patch_masking=dict(ratio=RATIO, seed=SEED))
     cfg.update(overrides)
     return cfg
 
@@ -240,7 +214,7 @@ def test_teacher_runs_without_autograd_and_the_student_with_it():
 def test_teacher_is_frozen_in_eval_mode_from_the_build_on():
     """Without terms there is no build-time dry run (whose end sets the modes): the teacher,
     here only the source of the weight transfer, is still built in eval mode."""
-    cfg = dict(type='mmlinvit.DistillationModel', student=_vit('elu'), teacher=_vit('softmax'),
+    cfg = dict(type='mmlinvit.DistillationModel', student=vit('elu'), teacher=vit('softmax'),
                weight_transfer=dict(type='mlp_copy'))
     model = MODELS.build(cfg)
     assert model.student.training and not model.teacher.training
@@ -250,7 +224,7 @@ def test_teacher_is_frozen_in_eval_mode_from_the_build_on():
 def test_teacher_forcing_without_terms_still_runs_the_teacher():
     """Teacher forcing alone (no distillation term) feeds each student attention the
     teacher's block input, so the teacher must run in every step."""
-    cfg = dict(type='mmlinvit.DistillationModel', student=_vit('elu'), teacher=_vit('softmax'),
+    cfg = dict(type='mmlinvit.DistillationModel', student=vit('elu'), teacher=vit('softmax'),
                teacher_recorders=dict(block_in=dict(type='ModuleInputs', source='blocks.{i}')),
                teacher_forcing=dict(input_recorder='block_in', blocks='blocks'),
                trainable_params=['blocks.*.attn.*'])
