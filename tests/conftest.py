@@ -4,7 +4,9 @@ Fixtures for any folder or module to opt in to (``pytestmark =
 pytest.mark.usefixtures('one_thread')`` in a module, or an autouse fixture of a folder's
 ``conftest.py`` that requests them): ``one_thread`` and ``cheap_config_dump``.
 """
+import logging
 import os
+from typing import Iterator, List
 
 # Triton kernels are tested on CPU through the interpreter; it must be switched on before
 # triton is first imported (torch._dynamo and timm import it), so do it before anything else.
@@ -47,3 +49,26 @@ def cheap_config_dump():
     Config.pretty_text = property(_plain_config_text)
     yield
     Config.pretty_text = original
+
+
+class _WarningMessages(logging.Handler):
+    """Keeps the messages of the records at WARNING or above."""
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.WARNING)
+        self.messages: List[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@pytest.fixture
+def warnings_logged() -> Iterator[List[str]]:
+    """The messages the current MMLogger emits at WARNING or above during the test (it does
+    not propagate to the root logger, so pytest's ``caplog`` does not see them)."""
+    from mmengine.logging import MMLogger
+    logger = MMLogger.get_current_instance()
+    handler = _WarningMessages()
+    logger.addHandler(handler)
+    yield handler.messages
+    logger.removeHandler(handler)

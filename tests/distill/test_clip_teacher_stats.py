@@ -7,13 +7,10 @@ statistics for a non-CLIP teacher, was warned).  Now it is warned at build time,
 The model is the shipped Copy-MLP config built as the Runner builds it, widths divided by 8
 (``tests/configs/config_testing.py``), with ``--cfg-options model.teacher.family=clip``.
 """
-import logging
 import os.path as osp
 import sys
-from typing import Callable, List
+from typing import Callable
 
-import pytest
-from mmengine.logging import MMLogger
 from mmengine.registry import MODELS, init_default_scope
 
 sys.path.insert(0, osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), 'configs'))
@@ -35,22 +32,6 @@ def build(edit: Callable[[dict], None]):
         side['img_size'] = 32
     return MODELS.build(model)
 
-
-@pytest.fixture
-def warnings_logged():
-    class Handler(logging.Handler):
-        def __init__(self) -> None:
-            super().__init__(level=logging.WARNING)
-            self.messages: List[str] = []
-
-        def emit(self, record) -> None:
-            self.messages.append(record.getMessage())
-
-    logger = MMLogger.get_current_instance()
-    handler = Handler()
-    logger.addHandler(handler)
-    yield handler.messages
-    logger.removeHandler(handler)
 
 
 def stats_warnings(messages):

@@ -1,13 +1,10 @@
 """Distillation input checks: teacher_input_norm's std count, OpenAI CLIP statistics compared
 whole (mean and std, at their tolerance, and only for CLIP-family teachers), and the student
 preprocessing checks (type, every key, the augments of a student with its own preprocessor)."""
-import logging
-from typing import List
 
 import pytest
 import torch
 import torch.nn as nn
-from mmengine.logging import MMLogger
 
 from mmlinvit.models.distill import DistillationConfigError
 from mmlinvit.models.distill.clip_input_stats import (is_openai_clip_stats,
@@ -64,22 +61,6 @@ def test_clip_statistics_need_clip_mean_and_clip_std():
     # ImageNet mean (within 0.7 % of CLIP's) with CLIP's std is not CLIP's preprocessing
     assert not is_openai_clip_stats(IMAGENET_MEAN, CLIP_STD)
 
-
-@pytest.fixture
-def warnings_logged():
-    class Handler(logging.Handler):
-        def __init__(self) -> None:
-            super().__init__(level=logging.WARNING)
-            self.messages: List[str] = []
-
-        def emit(self, record) -> None:
-            self.messages.append(record.getMessage())
-
-    logger = MMLogger.get_current_instance()
-    handler = Handler()
-    logger.addHandler(handler)
-    yield handler.messages
-    logger.removeHandler(handler)
 
 
 def test_clip_statistics_for_a_backbone_without_family_warn(warnings_logged):

@@ -10,13 +10,11 @@ checked at build time instead of training silently on a wrong setting.
 The models are the real configs built as the Runner builds them, every width divided by 8
 (``tests/configs/config_testing.py``), depths, recorders and losses unchanged.
 """
-import logging
 import os.path as osp
 import sys
 from typing import Callable, List
 
 import pytest
-from mmengine.logging import MMLogger
 from mmengine.registry import MODELS, init_default_scope
 
 from mmlinvit.models.distill import DistillationConfigError
@@ -54,22 +52,6 @@ def same_fractions(indices: List[int], depth: int, other_depth: int) -> List[int
         out.append((i + 1) * other_depth // depth - 1)
     return out
 
-
-@pytest.fixture
-def warnings_logged():
-    class Handler(logging.Handler):
-        def __init__(self) -> None:
-            super().__init__(level=logging.WARNING)
-            self.messages: List[str] = []
-
-        def emit(self, record) -> None:
-            self.messages.append(record.getMessage())
-
-    logger = MMLogger.get_current_instance()
-    handler = Handler()
-    logger.addHandler(handler)
-    yield handler.messages
-    logger.removeHandler(handler)
 
 
 @pytest.mark.parametrize('rel', [ADVENTURER, VIT_ELU])
