@@ -149,7 +149,9 @@ class AtomicCheckpointHook(CheckpointHook):
             return
         per_epoch = len(loop.dataloader)
         done_in_epoch = runner.iter - runner.epoch * per_epoch
-        if per_epoch and 0 < done_in_epoch < per_epoch:
+        # done_in_epoch == per_epoch: an iteration checkpoint (by_epoch=False) taken at an
+        # epoch's last iteration still names that epoch, which the loop trains again whole
+        if per_epoch and 0 < done_in_epoch <= per_epoch:
             print_log(f'Resumed at iteration {runner.iter}, {done_in_epoch} of the '
                       f'{per_epoch} iterations of epoch {runner.epoch + 1}: mmengine\'s '
                       f'EpochBasedTrainLoop restarts an epoch from its first batch, so these '
