@@ -204,7 +204,8 @@ class Mamba2Mixer(nn.Module):
         y = ssd_scan(
             x.reshape(batch, length, self.nheads, self.headdim),
             self.step_sizes(dt_raw),
-            -torch.exp(self.A_log.float()),
+            # fp32 at least (bf16 parameters), fp64 for fp64 modules like every other input
+            -torch.exp(self.A_log.to(torch.promote_types(self.A_log.dtype, torch.float32))),
             b.reshape(batch, length, self.ngroups, self.d_state),
             c.reshape(batch, length, self.ngroups, self.d_state),
             self.D,
