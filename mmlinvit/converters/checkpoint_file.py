@@ -70,6 +70,10 @@ def _zip_problem(path: str, size: int) -> Optional[str]:
                     return (f'is truncated: record {info.filename!r} ends past the end of '
                             f'the {size}-byte file')
     except zipfile.BadZipFile as err:
+        if 'CRC' in str(err):  # the record is all there, its bytes changed after writing
+            return (f'is damaged: its data.pkl record fails its CRC check ({err}); the '
+                    f'bytes changed after it was written (a bad copy or download, or a '
+                    f'disk error): copy it again from its source')
         return (f'is truncated or damaged: a torch.save zip archive of {size} bytes whose '
                 f'directory cannot be read ({err}); writing it was probably cut short (job '
                 f'killed or disk full)')
