@@ -19,11 +19,10 @@ guarded here:
   ``A_init_range`` (1, 16), ``D = 1``, ``softplus(dt_bias)`` log-uniform in [1e-3, 1e-1]
   floored at 1e-4, the gated norm's eps 1e-5 and the constructor's argument checks;
 * the step sizes in fp32 for 16-bit inputs;
-* Adventurer's construction: the ``'large'`` alias, non-square position grids, dropout and
-  RMSNorm eps reaching every module, stochastic depth on BOTH residual branches, the public
-  init (tokens std 0.02, zero patch bias, ``out_proj / sqrt(depth)``), ``forward_stages``
-  with activation checkpointing and its ``num_stages`` check, the flips named in the
-  mismatch error.
+* Adventurer's construction: the ``'large'`` alias, dropout and RMSNorm eps reaching every
+  module, stochastic depth on BOTH residual branches, the public init (tokens std 0.02, zero
+  patch bias, ``out_proj / sqrt(depth)``), ``forward_stages`` with activation checkpointing
+  and its ``num_stages`` check.
 """
 import math
 from typing import Dict, Optional
@@ -32,8 +31,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mmlinvit.backbones.adventurer import (Adventurer, AdventurerBlock,
-                                           FlipScheduleMismatchError, stage_block_indices)
+from mmlinvit.backbones.adventurer import Adventurer, AdventurerBlock, stage_block_indices
 from mmlinvit.layers.mamba2 import Mamba2Mixer
 
 TINY_MIXER = dict(d_state=8, headdim=16, chunk_size=16)
@@ -297,18 +295,6 @@ def test_large_alias_is_the_24_block_model() -> None:
     assert (large.arch, large.embed_dims, large.num_layers) == ('l', 1024, 24)
 
 
-def test_non_square_img_size_gives_a_rows_by_cols_grid() -> None:
-    """img_size (H, W) = (64, 32), patch 16: a 4 x 2 grid used as is at that size."""
-    model = tiny(img_size=(64, 32))
-    assert model.pos_grid == (4, 2)
-    assert model.pos_embed.shape == (1, 4 * 2 + 1, 32)
-    x = torch.randn(1, 3, 64, 32)
-    tokens, hw = model.prepare_tokens(x)
-    assert hw == (4, 2)
-    patches = model.patch_embed.proj(x).flatten(2).transpose(1, 2)
-    torch.testing.assert_close(tokens[:, :-1], patches + model.pos_embed[:, :-1])
-
-
 def test_norm_eps_reaches_every_rmsnorm() -> None:
     """``norm_eps`` of the backbone is the eps of each block's two norms and of ``norm_f``:
     x / sqrt(mean(x^2) + eps) * weight, checked with eps = 0.5 on small inputs."""
@@ -392,24 +378,3 @@ def test_stage_count_must_be_positive() -> None:
     with pytest.raises(ValueError, match='num_stages'):
         stage_block_indices(12, 0)
     assert stage_block_indices(12, 1) == [11]
-
-
-def test_mismatch_error_names_the_models_own_schedule() -> None:
-    """Depth 2: ``'none'`` and ``'official'`` flip the same blocks (none); the error names the
-    schedule the model was built with, the checkpoint's flips by every matching name."""
-    source = tiny(arch=dict(embed_dims=32, num_layers=2))  # 'paper': block 1
-    state = source.state_dict()
-    target = tiny(arch=dict(embed_dims=32, num_layers=2), flip_schedule='none')
-    with pytest.raises(FlipScheduleMismatchError) as info:
-        target.load_state_dict(state)
-    message = str(info.value)
-    assert "[1] (flip_schedule='paper')" in message
-    assert "[] (flip_schedule='none')" in message
-    assert "'official' or 'none'" not in message
-
-
-def test_flips_with_the_same_count_are_refused() -> None:
-    """Depth 4: 'paper' flips blocks 1, 3 and 'official' 2, 3 (two each)."""
-    state = tiny(flip_schedule='paper').state_dict()
-    with pytest.raises(FlipScheduleMismatchError):
-        tiny(flip_schedule='official').load_state_dict(state)
