@@ -69,7 +69,8 @@ class AttentionOperator(nn.Module):
         num_heads: Number of heads; C must be divisible by it.
         qkv_bias: Whether the QKV projection has a bias.
         proj_bias: Whether the output projection has a bias.
-        attn_drop: Dropout on the attention output before the projection.
+        attn_drop: Dropout on the attention output before the projection (softmax: on
+            the attention probabilities, as timm / mmpretrain).
         proj_drop: Dropout after the output projection.
     """
 
