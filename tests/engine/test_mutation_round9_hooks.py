@@ -562,27 +562,19 @@ def test_each_rank_restores_its_own_state():
         assert random.getstate() == states[rank]['python']
 
 
-def test_load_from_does_not_restore_the_checkpoints_state():
-    """``load_from`` (fine-tuning, iteration 0) loads a checkpoint of iteration 6 too: its
-    random states belong to the other run."""
+@pytest.mark.parametrize('save_states,runner_iter', [
+    # load_from (fine-tuning, iteration 0) of a checkpoint of iteration 6: its random states
+    # belong to the other run
+    (True, 0),
+    # save_states=False (exact_resume = False): a resumed checkpoint that holds states (one of
+    # an exact-resume run) is not restored either; one process is not re-seeded
+    (False, 6),
+])
+def test_states_of_another_run_are_not_restored(save_states: bool, runner_iter: int):
     checkpoint = {CHECKPOINT_KEY: dict(world_size=1, states=[_states(12)]),
                   'meta': dict(iter=6)}
-    hook = RandomStateHook()
-    runner = types.SimpleNamespace(seed=5, iter=0)
-    before = _states(0)
-    with mock.patch.object(random_state_hook, 'get_dist_info', return_value=(0, 1)):
-        hook.after_load_checkpoint(runner, checkpoint)
-        hook.before_train_iter(runner, 0)
-    assert torch.equal(torch.random.get_rng_state(), before['torch'])
-
-
-def test_without_saved_states_a_resume_restores_nothing():
-    """``save_states=False`` (``exact_resume = False``): a checkpoint that holds states (one
-    of an exact-resume run) is not restored either; one process is not re-seeded."""
-    checkpoint = {CHECKPOINT_KEY: dict(world_size=1, states=[_states(13)]),
-                  'meta': dict(iter=6)}
-    hook = RandomStateHook(save_states=False)
-    runner = types.SimpleNamespace(seed=5, iter=6)
+    hook = RandomStateHook(save_states=save_states)
+    runner = types.SimpleNamespace(seed=5, iter=runner_iter)
     before = _states(0)
     with mock.patch.object(random_state_hook, 'get_dist_info', return_value=(0, 1)):
         hook.after_load_checkpoint(runner, checkpoint)
