@@ -41,22 +41,34 @@ class _RegisterAfterExec(importlib.abc.Loader):
 
 
 class ConfigScopeFinder(importlib.abc.MetaPathFinder):
-    """Meta-path finder that wraps the loader of ``mmengine.config`` (and nothing else)."""
+    """Meta-path finder that wraps the loader of ``mmengine.config`` (and nothing else).
+
+    It asks the other finders for the spec and answers nothing while it is asking, so that a
+    second finder of this kind (another copy of mmlinvit loaded in the process, e.g. an
+    installed one and a source tree on ``PYTHONPATH``) does not ask it back without end.
+    """
+
+    def __init__(self) -> None:
+        self._searching = False
 
     def find_spec(self, fullname: str, path: Optional[Sequence[str]],
                   target: Optional[ModuleType] = None
                   ) -> Optional[importlib.machinery.ModuleSpec]:
-        if fullname != _TRIGGER:
+        if fullname != _TRIGGER or self._searching:
             return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, 'find_spec'):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                if spec.loader is not None:
-                    spec.loader = _RegisterAfterExec(spec.loader)
-                return spec
-        return None
+        self._searching = True
+        try:
+            for finder in sys.meta_path:
+                if finder is self or not hasattr(finder, 'find_spec'):
+                    continue
+                spec = finder.find_spec(fullname, path, target)
+                if spec is not None:
+                    if spec.loader is not None:
+                        spec.loader = _RegisterAfterExec(spec.loader)
+                    return spec
+            return None
+        finally:
+            self._searching = False
 
 
 def install() -> None:
