@@ -64,16 +64,17 @@ def _zip_problem(path: str, size: int) -> Optional[str]:
             if not pickles:
                 return (f'is a zip archive of {size} bytes without the data.pkl record of a '
                         f'torch.save file (records: {names[:5]})')
-            archive.read(pickles[0])  # checks the record's CRC
             for info in archive.infolist():
                 if info.header_offset + info.compress_size > size:
                     return (f'is truncated: record {info.filename!r} ends past the end of '
                             f'the {size}-byte file')
+            try:
+                archive.read(pickles[0])  # checks the record's CRC
+            except zipfile.BadZipFile as err:  # whole, read: its bytes changed
+                return (f'is damaged: its data.pkl record fails its check ({err}); the bytes '
+                        f'changed after it was written (a bad copy or download, or a disk '
+                        f'error): copy it again from its source')
     except zipfile.BadZipFile as err:
-        if 'CRC' in str(err):  # the record is all there, its bytes changed after writing
-            return (f'is damaged: its data.pkl record fails its CRC check ({err}); the '
-                    f'bytes changed after it was written (a bad copy or download, or a '
-                    f'disk error): copy it again from its source')
         return (f'is truncated or damaged: a torch.save zip archive of {size} bytes whose '
                 f'directory cannot be read ({err}); writing it was probably cut short (job '
                 f'killed or disk full)')
