@@ -99,9 +99,31 @@ def _has_ann_file(ann_file: str) -> bool:
     return bool(ann_file) and not osp.isdir(ann_file)  # mmseg: '' joined with data_root = a dir
 
 
-def _read_lines(path: str) -> List[str]:
+def _listed(files: Sequence[str]) -> List[str]:
+    """The files of :func:`_walk` that mmengine's ``list_dir_or_file`` lists (mmseg's and
+    mmpretrain's folder modes): it skips file names starting with '.', e.g. the ``._*``
+    AppleDouble files a copy from macOS leaves beside every image."""
+    return [f for f in files if not f.rsplit('/', 1)[-1].startswith('.')]
+
+
+def _read_lines(path: str, report: PairingReport) -> List[str]:
+    """The stripped lines of an annotation file; blank ones are a problem of the report.
+
+    mmengine's ``list_from_file`` keeps blank lines, and mmseg reads one as the image
+    ``<img_path>/<img_suffix>`` (mmpretrain as an image without a name): the run fails in a
+    data worker when the sampler reaches it.
+    """
     with open(path) as f:
-        return [line.strip() for line in f if line.strip()]
+        lines = [line.strip() for line in f.read().splitlines()]
+    blank = [i + 1 for i, line in enumerate(lines) if not line]
+    if blank:
+        shown = ', '.join(str(i) for i in blank[:MAX_EXAMPLES]) + (
+            f' and {len(blank) - MAX_EXAMPLES} more' if len(blank) > MAX_EXAMPLES else '')
+        report.problems.append(
+            f'{report.where}: the annotation file {path!r} has {len(blank)} blank line(s) (line '
+            f'{shown}); mmseg / mmpretrain read each as an image without a name, and the run '
+            f'would stop when the sampler reaches it. Fix: remove the blank lines.')
+    return [line for line in lines if line]
 
 
 def _pair_segmentation(ds: Any, report: PairingReport) -> None:
@@ -110,7 +132,7 @@ def _pair_segmentation(ds: Any, report: PairingReport) -> None:
     img_suffix, seg_suffix = ds.img_suffix, ds.seg_map_suffix
     img_files = _walk(img_dir)
     if _has_ann_file(ds.ann_file):
-        stems = _read_lines(ds.ann_file)
+        stems = _read_lines(ds.ann_file, report)
         present = set(img_files)
         missing = [s + img_suffix for s in stems if s + img_suffix not in present]
         if missing:
@@ -121,7 +143,7 @@ def _pair_segmentation(ds: Any, report: PairingReport) -> None:
                 f'img_suffix or data_prefix.img_path, or the list.')
         images = [s + img_suffix for s in stems if s + img_suffix in present]
     else:
-        images = [f for f in img_files if f.endswith(img_suffix)]
+        images = [f for f in _listed(img_files) if f.endswith(img_suffix)]
         if not images:
             report.problems.append(
                 f'{report.where}: no images *{img_suffix} under {img_dir!r} (img_suffix='
@@ -161,9 +183,9 @@ def _pair_classification(ds: Any, report: PairingReport) -> None:
         return
     files = _walk(folder)
     extensions = tuple(sorted(ds.extensions))
-    valid = [f for f in files if f.lower().endswith(extensions)]
+    valid = [f for f in _listed(files) if f.lower().endswith(extensions)]
     if _has_ann_file(ds.ann_file):
-        lines = _read_lines(ds.ann_file)
+        lines = _read_lines(ds.ann_file, report)
         names = [line.rsplit(' ', 1)[0] if ds.with_label else line for line in lines]
         present = set(files)
         missing = [n for n in names if n not in present]
