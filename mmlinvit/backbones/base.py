@@ -469,7 +469,11 @@ class TokenBackbone(nn.Module):
         """Layer depth of a parameter for layer-wise learning-rate decay.
 
         The stem (:attr:`STEM`: embeddings and tokens) is depth 0, block i is depth i + 1,
-        everything after the blocks (final norm, heads) is ``num_layers + 1``.
+        everything after the blocks (final norm, heads) is ``num_layers + 1``.  CLIP's
+        ``pre_norm`` (``ln_pre``, before block 0) is in the stem, as timm's layer decay puts
+        ``norm_pre``; mmpretrain's and mmseg's ViT depth rules give it the last depth through
+        their catch-all branch (their learning rate for it is 1 / decay ** (num_layers + 1)
+        times this one).
 
         Args:
             param_name: Full parameter name.

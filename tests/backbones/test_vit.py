@@ -92,6 +92,25 @@ def test_get_layer_depth():
     assert model.get_layer_depth('decode_head.conv_seg.weight', 'backbone.') == (4, 5)
 
 
+def test_clip_pre_norm_decays_with_the_stem_as_in_timm():
+    """CLIP's ``ln_pre`` sits before block 0 and takes the stem's depth, as timm's layer
+    decay gives ``norm_pre`` (its group_matcher names it in the stem; mmpretrain's and mmseg's
+    ViT depth rules give it the last depth, an accident of their catch-all branch)."""
+    timm = pytest.importorskip('timm')
+    from timm.optim._param_groups import param_groups_layer_decay
+    reference = timm.create_model('vit_base_patch16_clip_224', pretrained=False, img_size=32,
+                                  depth=3, embed_dim=64, num_heads=2)
+    scales = {}
+    for group in param_groups_layer_decay(reference, weight_decay=0.05, layer_decay=0.65):
+        for name, param in reference.named_parameters():
+            if any(param is other for other in group['params']):
+                scales[name] = group['lr_scale']
+    assert scales['norm_pre.weight'] == scales['cls_token'] < scales['blocks.0.norm1.weight']
+    model = VisionTransformer(TINY, family='clip', img_size=32, patch_size=8)
+    assert model.get_layer_depth('backbone.pre_norm.weight', 'backbone.') == \
+        model.get_layer_depth('backbone.cls_token', 'backbone.') == (0, 5)
+
+
 def test_frozen_stages():
     model = VisionTransformer(TINY, family='deit', img_size=32, patch_size=8, frozen_stages=2)
     frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
