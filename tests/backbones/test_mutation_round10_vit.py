@@ -1,7 +1,8 @@
 """Mutation round 10: the ViT backbone's outputs, freezing, depths and sizes against mmpretrain.
 
 Each test here fails on a one-line change of ``mmlinvit/backbones/{vit,base,outputs,
-arch_zoo}.py`` that the rest of the suite let through (the mutation audit of session 16).
+arch_zoo,operator_setting}.py`` or ``mmlinvit/models/{necks,segmentors}.py`` that the rest of
+the suite let through (the mutation audit of session 16).
 The reference is mmpretrain's ``VisionTransformer`` (installed, independent code) with the
 same random weights, loaded through the ``'mmpretrain'`` checkpoint layout:
 
@@ -19,7 +20,12 @@ same random weights, loaded through the ``'mmpretrain'`` checkpoint layout:
   block is refused, only the DINOv2 giant gets a SwiGLU MLP by default, ``avg_featmap_norm``
   needs ``out_type='avg_featmap'``, ``'cls_avg'`` of an earlier block needs
   ``norm_all_outputs``, the operators are told the class AND register tokens, a load without
-  weights does not count as loaded, a recorded grid must hold the checkpoint's rows.
+  weights does not count as loaded, a recorded grid must hold the checkpoint's rows, a stack
+  of several operators takes the values all of them accept and names them all, a CLIP file
+  from before the ``mlp_act`` record loads;
+* the MAE family's grid resampling (mmpretrain's ``resize_pos_embed``, as MAE's fine-tuning
+  code: no antialias), the pyramid neck's default norm (mmseg's ``Feature2Pyramid``: SyncBN)
+  and the training-time padding of every per-pixel label (mmseg's ``stack_batch``).
 """
 import math
 from typing import Dict, Optional, Tuple
@@ -29,7 +35,11 @@ import torch
 
 from mmlinvit.backbones import VisionTransformer
 from mmlinvit.backbones.arch_zoo import VIT_SIZES
+from mmlinvit.backbones.operator_setting import declared_setting
+from mmlinvit.backbones.training_record import MLP_ACT_RECORD, TrainingRecordMismatchError
 from mmlinvit.converters import load_pretrained
+from mmlinvit.layers.attention import ATTENTION_OPERATORS
+from mmlinvit.models.necks import FullGridFeature2Pyramid
 
 mmpretrain_backbones = pytest.importorskip('mmpretrain.models.backbones')
 
@@ -292,3 +302,117 @@ def test_a_recorded_grid_must_hold_the_checkpoint_rows() -> None:
     assert model.pos_embed_loads(pos, (3, 4))
     assert not model.pos_embed_loads(pos, (3, 5))
     assert not model.pos_embed_loads(pos)
+
+
+def test_mixed_stacks_merge_the_settings_and_name_every_operator(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``declared_setting`` over layers of several operators: an argument takes the values
+    every operator accepts (in the first declarer's order), the declarers are listed once
+    each, in layer order, and the refusal names them all. Hand rule: the intersection of the
+    ``paper_backbone_setting`` tuples (TTT's narrowed here with monkeypatch)."""
+    with pytest.raises(ValueError, match=r"operator\(s\) \['mhla', 'ttt'\]"):
+        VisionTransformer(OUR_ARCH, attn_cfg=['mhla', 'ttt'], img_size=32, patch_size=16,
+                          with_cls_token=True)
+    ttt = ATTENTION_OPERATORS.get('ttt')
+    mhla_out_types = tuple(ATTENTION_OPERATORS.get('mhla').paper_backbone_setting['out_type'])
+    narrowed = ('raw', 'featmap')
+    monkeypatch.setattr(ttt, 'paper_backbone_setting', dict(out_type=narrowed))
+    merged = declared_setting(['mhla', 'ttt', 'mhla', 'ttt'])
+    assert merged['out_type'] == (tuple(v for v in mhla_out_types if v in narrowed),
+                                  ['mhla', 'ttt'])
+    assert merged['with_cls_token'] == ((False, ), ['mhla'])
+    monkeypatch.setattr(ttt, 'paper_backbone_setting', dict(with_cls_token=(True, )))
+    with pytest.raises(ValueError, match='incompatible with_cls_token'):
+        declared_setting(['mhla', 'ttt'])
+
+
+def test_clip_files_from_before_the_activation_record_load() -> None:
+    """The documented rule of ``check_checkpoint_act``: a family-``'clip'`` checkpoint without
+    ``mlp_act`` loads when it is an mmlinvit file from before that record (it has
+    ``block_operators``; mmlinvit built it with the family's activation), and is refused when
+    it records neither (a plain CLIP state dict: QuickGELU or GELU by source)."""
+    torch.manual_seed(0)
+    saved = VisionTransformer(OUR_ARCH, family='clip', img_size=32).state_dict()
+    del saved[MLP_ACT_RECORD]
+    model = VisionTransformer(OUR_ARCH, family='clip', img_size=32)
+    load_pretrained(model, dict(saved))
+    torch.testing.assert_close(model.blocks[1].mlp.fc2.weight, saved['blocks.1.mlp.fc2.weight'],
+                               rtol=0, atol=0)
+    del saved['block_operators']
+    with pytest.raises(TrainingRecordMismatchError, match="act='quick_gelu'"):
+        load_pretrained(VisionTransformer(OUR_ARCH, family='clip', img_size=32), saved)
+
+
+def test_the_pyramid_norm_defaults_to_mmsegs() -> None:
+    """``FullGridFeature2Pyramid`` without ``norm_cfg`` builds the 4x branch of mmseg's
+    ``Feature2Pyramid`` with its default norm (SyncBN, trainable), so a config written for
+    mmseg's neck trains the same model."""
+    from mmseg.models.necks import Feature2Pyramid
+
+    def norms(neck: torch.nn.Module) -> list:
+        return [m for m in neck.upsample_4x.modules()
+                if isinstance(m, torch.nn.modules.batchnorm._NormBase)]
+
+    ref_norms, our_norms = norms(Feature2Pyramid(32)), norms(FullGridFeature2Pyramid(32))
+    assert len(ref_norms) == 1 and isinstance(ref_norms[0], torch.nn.SyncBatchNorm)
+    assert [type(m) for m in our_norms] == [type(m) for m in ref_norms]
+    assert all(p.requires_grad for m in our_norms for p in m.parameters())
+
+
+def test_training_pads_every_pixel_label_as_mmsegs_stack_batch() -> None:
+    """``mmlinvit.EncoderDecoder.loss`` pads the inputs to whole patches in the model, so it
+    pads the samples' per-pixel labels as mmseg's ``stack_batch`` pads a batch (bottom /
+    right, value 255): the semantic map, the edge map and the depth map alike."""
+    from mmengine.registry import init_default_scope
+    from mmengine.structures import PixelData
+    from mmseg.structures import SegDataSample
+    from mmseg.utils import stack_batch
+
+    init_default_scope('mmseg')
+    from mmseg.registry import MODELS
+    torch.manual_seed(0)
+    model = MODELS.build(dict(
+        type='mmlinvit.EncoderDecoder',
+        data_preprocessor=dict(type='SegDataPreProcessor', mean=[0.] * 3, std=[1.] * 3),
+        backbone=dict(type='mmlinvit.VisionTransformer', arch=OUR_ARCH, family='deit',
+                      img_size=32, out_type='featmap', out_indices=[1]),
+        decode_head=dict(type='FCNHead', in_channels=WIDTH, channels=8, num_convs=1,
+                         num_classes=3, norm_cfg=dict(type='GN', num_groups=4),
+                         dropout_ratio=0.0, align_corners=False),
+        train_cfg=dict(), test_cfg=dict(mode='whole'))).train()
+    h, w = 20, 36
+    labels = dict(gt_sem_seg=torch.randint(0, 3, (1, h, w)),
+                  gt_edge_map=torch.randint(0, 2, (1, h, w)),
+                  gt_depth_map=torch.rand(1, h, w))
+
+    def samples() -> list:
+        out = SegDataSample(metainfo=dict(ori_shape=(h, w), img_shape=(h, w)))
+        for key, label in labels.items():
+            setattr(out, key, PixelData(data=label.clone()))
+        return [out]
+
+    ours = samples()
+    model.loss(torch.randn(1, 3, h, w), ours)
+    _, theirs = stack_batch([torch.randn(3, h, w)], samples(), size_divisor=16,
+                            seg_pad_val=255)
+    for key in labels:
+        torch.testing.assert_close(getattr(ours[0], key).data, getattr(theirs[0], key).data,
+                                   rtol=0, atol=0, msg=key)
+
+
+def test_mae_grids_resample_as_mmpretrain_and_maes_fine_tuning() -> None:
+    """Family ``'mae'`` resamples its learned grid as MAE's fine-tuning code
+    (``interpolate_pos_embed``) and mmpretrain's ``resize_pos_embed`` do: bicubic,
+    ``align_corners=False``, no antialias (timm's antialiased kernel differs even when
+    upsampling)."""
+    from mmpretrain.models.utils import resize_pos_embed
+
+    torch.manual_seed(0)
+    model = VisionTransformer(OUR_ARCH, family='mae', img_size=64).eval()
+    _randomise_(model)
+    for hw_shape in ((3, 5), (6, 7)):
+        want = resize_pos_embed(model.pos_embed.detach(), (4, 4), hw_shape, mode='bicubic',
+                                num_extra_tokens=1)[:, 1:]
+        with torch.no_grad():
+            got = model.learned_patch_pos_embed(hw_shape)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
