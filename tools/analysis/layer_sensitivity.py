@@ -113,6 +113,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument('--cfg-options', nargs='+', action=DictAction, default=None,
                         help='override config keys (e.g. the data roots)')
     args = parser.parse_args(argv)
+    if args.align_iters < 0 or args.repeats < 1:
+        parser.error(f'--align-iters must be >= 0 and --repeats >= 1, got {args.align_iters} '
+                     f'and {args.repeats}')
     if args.time_budget is None and args.keep is None:
         args.time_budget = 0.5
     if args.time_budget is not None and not 0 < args.time_budget:
@@ -298,7 +301,8 @@ def main(argv: Optional[List[str]] = None) -> dict:
             layer=i, attn_gap_before=gap_before,
             attn_gap=attention_gap(student, teacher, i, val_images),
             feature_gap=feature_gap(student, teacher, val_images),
-            align_loss_first=losses[0], align_loss_last=losses[-1], alignment_kept=kept))
+            align_loss_first=losses[0] if losses else None,
+            align_loss_last=losses[-1] if losses else None, alignment_kept=kept))
         print(f'[sensitivity] layer {i}: attention gap {gap_before:.2e} -> '
               f'{sensitivity[-1]["attn_gap"]:.2e}, feature gap '
               f'{sensitivity[-1]["feature_gap"]:.2e}'

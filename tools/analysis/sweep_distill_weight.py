@@ -91,7 +91,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument('--operator', default='relu',
                         help="student attention operator (attn_cfg), e.g. 'relu' or 'elu'")
     parser.add_argument('--digits-iters', type=int, default=None,
-                        help='student steps on digits (default: 300; --quick: 3)')
+                        help='student steps on digits (default: 150; --quick: 3)')
     parser.add_argument('--scenes-iters', type=int, default=None,
                         help='student iterations on the scenes (default: 150; --quick: 2)')
     parser.add_argument('--work-dir', default='work_dirs/sweep_distill_weight')
