@@ -113,9 +113,12 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument('--cfg-options', nargs='+', action=DictAction, default=None,
                         help='override config keys (e.g. the data roots)')
     args = parser.parse_args(argv)
-    if args.align_iters < 0 or args.repeats < 1:
-        parser.error(f'--align-iters must be >= 0 and --repeats >= 1, got {args.align_iters} '
-                     f'and {args.repeats}')
+    if args.align_iters < 0:
+        parser.error(f'--align-iters must be >= 0 (0: the copied teacher layer, no alignment), '
+                     f'got {args.align_iters}')
+    if args.repeats < 1:
+        parser.error(f'--repeats must be >= 1 (the fastest timed run counts), got '
+                     f'{args.repeats}')
     if args.time_budget is None and args.keep is None:
         args.time_budget = 0.5
     if args.time_budget is not None and not 0 < args.time_budget:
