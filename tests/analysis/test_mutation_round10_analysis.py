@@ -421,3 +421,37 @@ def test_visualize_attention_tool_helpers():
     white = np.full((2, 2, 3), 255, dtype=np.uint8)
     expected = [(1 - m) / s for m, s in zip((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))]
     torch.testing.assert_close(tool.to_tensor(white)[0, :, 0, 0], torch.tensor(expected))
+
+
+def test_layer_sensitivity_main_keeps_alignments_and_builds_proposals_from_them(tmp_path):
+    """``main()`` without ``--quick`` (10 alignment steps of lr 1e-4 per layer): an alignment
+    that lowers the training gap is kept, and a proposal's hybrid carries the aligned weights
+    in its linear layers and the teacher's in its softmax ones, so the hybrid with one linear
+    layer j is the model of layer j's sensitivity row and has its feature gap exactly (the
+    check flipped, or the aligned weights loaded into the softmax layers, gave other gaps)."""
+    from mmlinvit.datasets import make_ade20k_layout
+    tool = _load_tool('layer_sensitivity')
+    spec = importlib.util.spec_from_file_location('demo_round10', ROOT / 'tools' / 'demo.py')
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+    demo_teacher = demo.TEACHER_CFG  # the demo's teacher config
+    root = str(tmp_path / 'scenes')
+    make_ade20k_layout(root, num_train=16, num_val=4, size=(64, 64), seed=0)
+    torch.manual_seed(0)
+    teacher = VisionTransformer(arch=dict(embed_dims=64, num_layers=4, num_heads=4,
+                                          mlp_hidden_dims=128),
+                                family='deit', img_size=64, patch_size=8)
+    ckpt = str(tmp_path / 'teacher.pth')
+    torch.save(teacher.state_dict(), ckpt)
+    result = tool.main([
+        demo_teacher, ckpt, '--resolution', '64', '--keep', '3', '--align-iters', '10',
+        '--align-lr', '1e-4', '--eval-images', '4', '--repeats', '1', '--work-dir', str(tmp_path / 'work'),
+        '--cfg-options', f'train_dataloader.dataset.data_root={root}',
+        f'val_dataloader.dataset.data_root={root}'])
+    rows = result['sensitivity']
+    assert all(row['alignment_kept'] for row in rows)  # 10 steps on the same images help
+    assert all(row['attn_gap'] < row['attn_gap_before'] for row in rows)
+    one_linear = result['proposals'][3]
+    (j, ) = set(range(4)) - set(one_linear['softmax_layers'])
+    assert one_linear['feature_gap'] == pytest.approx(rows[j]['feature_gap'], rel=1e-6)
+    assert rows[j]['feature_gap'] > 0
