@@ -445,7 +445,8 @@ def test_layer_sensitivity_main_keeps_alignments_and_builds_proposals_from_them(
     torch.save(teacher.state_dict(), ckpt)
     result = tool.main([
         demo_teacher, ckpt, '--resolution', '64', '--keep', '3', '--align-iters', '10',
-        '--align-lr', '1e-4', '--eval-images', '4', '--repeats', '1', '--work-dir', str(tmp_path / 'work'),
+        '--align-lr', '1e-4', '--eval-images', '4', '--repeats', '1',
+        '--work-dir', str(tmp_path / 'work'),
         '--cfg-options', f'train_dataloader.dataset.data_root={root}',
         f'val_dataloader.dataset.data_root={root}'])
     rows = result['sensitivity']
