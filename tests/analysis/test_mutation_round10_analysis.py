@@ -22,11 +22,10 @@ hand (or hooks / formulas written here), not by re-running the code under test:
 * ``tools/analysis/layer_sensitivity.py`` / ``visualize_attention.py``: argument defaults and
   checks, relative depth rounding, image normalisation.
 """
-import importlib.util
 import json
 from pathlib import Path
 from types import ModuleType
-from typing import List
+from typing import List, Tuple
 
 import numpy as np
 import pytest
@@ -39,6 +38,7 @@ from mmlinvit.analysis import layer_sensitivity as ls
 from mmlinvit.analysis.distill_weight_sweep import load_results, summarise, sweep_settings
 from mmlinvit.analysis.feature_pca import patch_features
 from mmlinvit.backbones import VisionTransformer
+from mmlinvit.utils.cli import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 ADVENTURER_EXISTS = (ROOT / 'mmlinvit/backbones/adventurer.py').exists()
@@ -46,12 +46,23 @@ TINY = dict(embed_dims=16, num_layers=2, num_heads=2, mlp_hidden_dims=32)
 
 
 def _load_tool(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f'{name}_round10',
-                                                  ROOT / 'tools' / 'analysis' / f'{name}.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(str(ROOT / 'tools' / 'analysis' / f'{name}.py'), f'{name}_round10')
 
+
+def _teacher_block_io(teacher: VisionTransformer, index: int,
+                      images: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(block ``index``'s input, its attention output) in a teacher forward, captured with
+    plain forward hooks: the reference the alignment and the gaps are checked against."""
+    seen = {}
+    handles = [teacher.blocks[index].register_forward_pre_hook(
+        lambda m, args: seen.__setitem__('x', args[0])),
+        teacher.blocks[index].attn.register_forward_hook(
+            lambda m, args, out: seen.__setitem__('t', out))]
+    with torch.no_grad():
+        teacher.forward_tokens(images)
+    for handle in handles:
+        handle.remove()
+    return seen['x'], seen['t']
 
 def _table_cells(line: str) -> List[str]:
     return [c.strip() for c in line.strip().strip('|').split('|')]
@@ -157,17 +168,10 @@ def test_align_layer_trains_only_attention_on_the_teacher_block_input():
     with torch.no_grad():  # a norm1 away from the identity tells norm1(x) from x
         student.blocks[1].norm1.weight.uniform_(0.5, 2.0)
     images = torch.randn(1, 3, 16, 16).repeat(3, 1, 1, 1)  # any sampled batch is the same
-    seen = {}
-    handles = [teacher.blocks[1].register_forward_pre_hook(
-        lambda m, args: seen.__setitem__('x', args[0])),
-        teacher.blocks[1].attn.register_forward_hook(
-            lambda m, args, out: seen.__setitem__('t', out))]
+    block_in, t_attn = _teacher_block_io(teacher, 1, images[:2])
     blk = student.blocks[1]
     with torch.no_grad():
-        teacher.forward_tokens(images[:2])
-        expected = float((blk.attn(blk.norm1(seen['x']), (2, 2), 1) - seen['t']).pow(2).mean())
-    for handle in handles:
-        handle.remove()
+        expected = float((blk.attn(blk.norm1(block_in), (2, 2), 1) - t_attn).pow(2).mean())
     frozen = {k: v.clone() for k, v in blk.state_dict().items() if not k.startswith('attn.')}
     attn_before = {k: v.clone() for k, v in blk.attn.state_dict().items()}
     losses = ls.align_layer(student, teacher, 1, images, iters=2, lr=1e-2, batch_size=2, seed=0)
@@ -228,18 +232,11 @@ def test_attention_gap_passes_the_prefix_count_to_a_grid_operator():
     student = ls.clone_with_attn(cfg, teacher, ls.hybrid_attn_cfg(2, [0], 'mhla'))
     assert teacher.num_prefix_tokens == 1
     images = torch.randn(2, 3, 32, 32)
-    seen = {}
-    handles = [teacher.blocks[1].register_forward_pre_hook(
-        lambda m, args: seen.__setitem__('x', args[0])),
-        teacher.blocks[1].attn.register_forward_hook(
-            lambda m, args, out: seen.__setitem__('t', out))]
+    block_in, t_attn = _teacher_block_io(teacher, 1, images)
     blk = student.blocks[1]
     with torch.no_grad():
-        teacher.forward_tokens(images)
-        out = blk.attn(blk.norm1(seen['x']), (4, 4), 1)
-    for handle in handles:
-        handle.remove()
-    expected = float((out - seen['t']).pow(2).mean() / seen['t'].pow(2).mean())
+        out = blk.attn(blk.norm1(block_in), (4, 4), 1)
+    expected = float((out - t_attn).pow(2).mean() / t_attn.pow(2).mean())
     assert attention_gap(student, teacher, 1, images) == pytest.approx(expected, rel=1e-5)
 
 
@@ -431,10 +428,7 @@ def test_layer_sensitivity_main_keeps_alignments_and_builds_proposals_from_them(
     check flipped, or the aligned weights loaded into the softmax layers, gave other gaps)."""
     from mmlinvit.datasets import make_ade20k_layout
     tool = _load_tool('layer_sensitivity')
-    spec = importlib.util.spec_from_file_location('demo_round10', ROOT / 'tools' / 'demo.py')
-    demo = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(demo)
-    demo_teacher = demo.TEACHER_CFG  # the demo's teacher config
+    demo_teacher = load_script(str(ROOT / 'tools' / 'demo.py'), 'demo_round10').TEACHER_CFG
     root = str(tmp_path / 'scenes')
     make_ade20k_layout(root, num_train=16, num_val=4, size=(64, 64), seed=0)
     torch.manual_seed(0)
