@@ -69,7 +69,11 @@ def resume_candidates(work_dir: str) -> Tuple[Optional[str], List[str], List[str
     A numbered checkpoint with a higher number than the ``last_checkpoint`` target is newer
     only when it was also written later (the run was stopped between writing it and updating
     ``last_checkpoint``).  One written *before* the target comes from an earlier run into the
-    same work dir (a fresh run overwrites only the numbers it reaches): it is left out.
+    same work dir (a fresh run overwrites only the numbers it reaches): it is left out.  So is
+    any checkpoint written before one of a lower number (one run writes its numbers in
+    increasing order), which matters when the target is damaged and an earlier one is resumed
+    instead: another run's ``iter_4.pth`` is not taken over this run's ``iter_3.pth``.  Both
+    rules read file times only where ``last_checkpoint`` names an existing local file.
 
     Args:
         work_dir: The run's work dir.
@@ -92,8 +96,13 @@ def resume_candidates(work_dir: str) -> Tuple[Optional[str], List[str], List[str
     stale: List[str] = []
     if latest is not None and osp.exists(latest):
         written, step = mtime(latest), _step(latest)
-        stale = sorted((p for p in numbered if _step(p) > step >= 0 and mtime(p) < written),
-                       key=_step)
+        stale = [p for p in numbered if _step(p) > step >= 0 and mtime(p) < written]
+        # one run writes its numbers in increasing order: a checkpoint written before one of
+        # a lower number is an earlier run's (the target itself is never left out)
+        stale += [p for p in numbered if p not in stale and p != osp.normpath(latest)
+                  and _step(p) >= 0 and any(0 <= _step(q) < _step(p) and mtime(q) > mtime(p)
+                                            for q in numbered if osp.exists(q))]
+        stale.sort(key=_step)
         numbered -= set(stale)
 
     def newest_first(path: str) -> Tuple[float, bool, float]:
@@ -126,10 +135,18 @@ def select_resume_checkpoint(work_dir: str) -> str:
     if not osp.isdir(where):
         raise ResumeError(f'--resume: nothing to resume, the work dir {where} does not exist '
                           f'({looked_for}). {advice}')
+    named = last_checkpoint_target(where)
+    if named is not None and is_remote_path(named):
+        # CheckpointHook(out_dir='s3://...'): mmengine reads it through its file backend
+        print_log(f'--resume: resuming from {named} (named by last_checkpoint); a remote '
+                  f'checkpoint is not checked before loading.', logger='current',
+                  level=logging.INFO)
+        return named
     latest, candidates, stale = resume_candidates(where)
     if stale:
         print_log(f'--resume: {where} also holds {", ".join(osp.basename(p) for p in stale)}, '
-                  f'numbered after {latest} (named by last_checkpoint) but written before it: '
+                  f'written before {latest} (named by last_checkpoint) or before a checkpoint '
+                  f'of a lower number: '
                   f'checkpoints of an earlier run into the same work dir, not resumed. Give '
                   f'each run its own --work-dir.', logger='current', level=logging.WARNING)
     if not candidates:

@@ -10,13 +10,14 @@ checkpoint first (:func:`mmlinvit.engine.resume.resume_randomness`).
 The reference is an uninterrupted run of the same config with ``randomness.seed`` set to the
 seed read here, independently, from the interrupted run's checkpoint with ``torch.load``.
 """
+import logging
 import os.path as osp
 
 import pytest
 import torch
 
 from mmlinvit.engine.resume import resume_randomness
-from train_testing import dump, load_tool, make_toy_scenes, toy_config, train_in_process
+from train_testing import captured_log, dump, load_tool, make_toy_scenes, toy_config, train_in_process
 
 
 pytestmark = pytest.mark.usefixtures('one_thread', 'cheap_config_dump')
@@ -88,30 +89,31 @@ class _NotAllowlisted:
 
 
 @pytest.mark.parametrize('kind', ['zip', 'legacy', 'other-objects'])
-def test_resume_randomness_reads_the_seed_and_keeps_the_other_keys(tmp_path, kind, capfd):
+def test_resume_randomness_reads_the_seed_and_keeps_the_other_keys(tmp_path, kind):
     path = _checkpoint(str(tmp_path / 'ckpt.pth'), 1234, legacy=kind == 'legacy',
                        extra=dict(x=_NotAllowlisted()) if kind == 'other-objects' else None)
     assert resume_randomness(None, path) == dict(seed=1234)
     assert resume_randomness(dict(seed=None, diff_rank_seed=True, deterministic=True),
                              path) == dict(seed=1234, diff_rank_seed=True, deterministic=True)
-    capfd.readouterr()
-    assert resume_randomness(dict(seed=1234, diff_rank_seed=True), path) == dict(
-        seed=1234, diff_rank_seed=True)
-    assert 'WARNING' not in ''.join(capfd.readouterr())
-    assert resume_randomness(dict(seed=7), path) == dict(seed=7)
-    output = ''.join(capfd.readouterr())
+    with captured_log(logging.WARNING) as warned:
+        assert resume_randomness(dict(seed=1234, diff_rank_seed=True), path) == dict(
+            seed=1234, diff_rank_seed=True)
+    assert not warned
+    with captured_log(logging.WARNING) as warned:
+        assert resume_randomness(dict(seed=7), path) == dict(seed=7)
+    output = '\n'.join(warned)
     assert 'randomness.seed=7 but the interrupted run used seed 1234' in output
     assert 'Set randomness.seed=1234' in output
 
 
-def test_resume_randomness_without_a_stored_seed_warns(tmp_path, capfd):
+def test_resume_randomness_without_a_stored_seed_warns(tmp_path):
     path = _checkpoint(str(tmp_path / 'ckpt.pth'), None)
-    capfd.readouterr()
-    assert resume_randomness(None, path) == dict(seed=None)
-    assert "records no seed (meta['seed'])" in ''.join(capfd.readouterr())
+    with captured_log(logging.WARNING) as warned:
+        assert resume_randomness(None, path) == dict(seed=None)
+    assert "records no seed (meta['seed'])" in '\n'.join(warned)
 
 
-def test_diff_rank_seed_warns_that_resume_is_not_exact(capfd):
+def test_diff_rank_seed_warns_that_resume_is_not_exact():
     """mmengine builds the sampler without the run seed under diff_rank_seed=True."""
     from mmengine.config import Config
 
@@ -119,6 +121,6 @@ def test_diff_rank_seed_warns_that_resume_is_not_exact(capfd):
     loader = dict(dataset=dict(type='ToyDataset'), sampler=dict(type='DefaultSampler'))
     for diff, warned in ((False, False), (True, True)):
         cfg = Config(dict(train_dataloader=dict(loader), randomness=dict(diff_rank_seed=diff)))
-        capfd.readouterr()
-        assert seed_samples_of_train_loader(cfg)
-        assert ('diff_rank_seed' in ''.join(capfd.readouterr())) is warned
+        with captured_log(logging.WARNING) as messages:
+            assert seed_samples_of_train_loader(cfg)
+        assert ('diff_rank_seed' in '\n'.join(messages)) is warned
