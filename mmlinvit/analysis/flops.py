@@ -54,6 +54,7 @@ import torch.nn as nn
 from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode
 
+from mmlinvit.backbones.vit import operator_name
 from mmlinvit.ops.ssd import torch_impl as ssd_torch_impl
 from mmlinvit.ops.triton_utils import triton_available, triton_interpreter_enabled
 
@@ -534,10 +535,6 @@ def attention_flops(operator: str, num_tokens: int, embed_dims: int, num_heads: 
     return 4 * n * head_dims * d_model + normaliser
 
 
-def _operator_name(cfg: Union[str, Mapping[str, Any]]) -> str:
-    return cfg if isinstance(cfg, str) else cfg['type']
-
-
 def analytic_vit_flops(img_size: Union[int, Tuple[int, int]],
                        patch_size: int,
                        embed_dims: int,
@@ -570,11 +567,11 @@ def analytic_vit_flops(img_size: Union[int, Tuple[int, int]],
     num_patches = (-(-h // patch_size)) * (-(-w // patch_size))  # corner-padded grid
     n = num_patches + num_prefix_tokens
     if isinstance(attention, (str, Mapping)):
-        ops = [_operator_name(attention)] * num_layers
+        ops = [operator_name(attention)] * num_layers
     else:
         if len(attention) != num_layers:
             raise ValueError(f'attention has {len(attention)} entries for {num_layers} layers')
-        ops = [_operator_name(a) for a in attention]
+        ops = [operator_name(a) for a in attention]
     gemms = num_layers * block_gemm_flops(n, embed_dims, mlp_hidden_dims)
     mixing = sum(attention_flops(op, n, embed_dims, num_heads, exact=False) for op in ops)
     extras = 0
