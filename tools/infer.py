@@ -288,8 +288,14 @@ def segmentation_classes(cfg: Config, checkpoint: Dict[str, Any]) -> Tuple[Dict[
     from mmseg.registry import DATASETS
     dataset = cfg.get('test_dataloader', {}).get('dataset', {})
     dataset_cls = DATASETS.get(str(dataset.get('type', '')))
-    metainfo = dict(getattr(dataset_cls, 'METAINFO', None) or {})
-    metainfo.update(dataset.get('metainfo') or {})
+    base = dict(getattr(dataset_cls, 'METAINFO', None) or {})
+    metainfo = dict(base, **(dataset.get('metainfo') or {}))
+    classes, palette = metainfo.get('classes'), metainfo.get('palette')
+    if (classes and palette and len(palette) != len(classes) and base.get('palette')
+            and set(classes) <= set(base.get('classes') or ())):
+        # a subset of the dataset's classes: their own colours, as mmseg's datasets pick them
+        index = {name: i for i, name in enumerate(base['classes'])}
+        metainfo['palette'] = [base['palette'][index[name]] for name in classes]
     if not metainfo.get('classes'):
         raise ValueError(
             f'the checkpoint has no class names (meta.dataset_meta) and the config\'s test '

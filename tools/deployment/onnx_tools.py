@@ -288,8 +288,10 @@ def graph_input_convention(model: nn.Module, task: nn.Module, which: str,
            (f', then (x - mean) / std with mean {mean} and std {std} (0-255 units)'
             if mean is not None else ', not normalised') +
            (f'; pad H and W with zeros (after normalising) to multiples of the patch size '
-            f'{where} and crop the logits back, then resize them to the image and take the '
-            f'argmax' if info.get('pads_outside_backbone') else
+            f'{where}; resize the logits (bilinear, align_corners=False) to the padded size, '
+            f'crop them back to the image (same offsets), resize them to the original image '
+            f'if the test pipeline resized it, and take the argmax'
+            if info.get('pads_outside_backbone') else
             '; a side off the patch grid is padded inside the graph (bottom / right)'))
     return dict(mean=mean, std=std, bgr_to_rgb=swap, pad_to_multiple=patch,
                 patch_padding=padding, prepare=how)
