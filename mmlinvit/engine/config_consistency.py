@@ -58,10 +58,14 @@ def _metric_keys(evaluator: dict) -> Optional[List[str]]:
     if kind == 'IoUMetric':  # mmseg's total_area_to_metrics: what each metric adds
         adds = {'mIoU': ['mIoU', 'mAcc'], 'mDice': ['mDice', 'mAcc'],
                 'mFscore': ['mFscore', 'mPrecision', 'mRecall']}
+        metrics = evaluator.get('iou_metrics', ['mIoU'])
+        if isinstance(metrics, str):  # mmseg takes one name as well as a list
+            metrics = [metrics]
         keys = ['aAcc']
-        for metric in evaluator.get('iou_metrics', ['mIoU']):
+        for metric in metrics:
             keys += [k for k in adds.get(metric, [metric]) if k not in keys]
-        return keys
+        prefix = evaluator.get('prefix', None)  # mmengine's BaseMetric renames every key
+        return [f'{prefix}/{k}' for k in keys] if prefix else keys
     if kind == 'CityscapesMetric':
         return None  # format_only / external keys
     return None
@@ -267,7 +271,7 @@ def _save_best_problem(cfg: Any) -> Optional[str]:
     if keys is None:
         return None
     wanted = [save_best] if isinstance(save_best, str) else list(save_best)
-    missing = [k for k in wanted if k not in keys and k.split('/')[-1] not in keys]
+    missing = [k for k in wanted if k not in keys]
     if not missing:
         return None
     suggestion = keys[1] if len(keys) > 1 else keys[0]
@@ -309,7 +313,7 @@ def _sampled_labels(dataset: dict, scope: Optional[str],
     if not folder or not suffix or not osp.isdir(folder):
         return None
     files = [f for f in _walk(folder) if f.endswith(suffix)]
-    step = max(len(files) // limit, 1)
+    step = max(-(-len(files) // limit), 1)  # ceil: the sample spans the whole list
     labels = set()
     for name in files[::step][:limit]:
         try:
@@ -582,8 +586,13 @@ def _channel_order_warning(cfg: Any) -> Optional[str]:
     pipeline = found[0].get('pipeline', None) or []
     loads_files = any(isinstance(t, dict) and _strip_scope(t.get('type')) == 'LoadImageFromFile'
                       for t in pipeline)
-    key = 'bgr_to_rgb' if 'bgr_to_rgb' in pre[1] else 'to_rgb'
-    if not loads_files or pre[1].get(key, None) is not False:
+    # mmpretrain's ClsDataPreprocessor (the type ImageClassifier gives an untyped one) reads
+    # to_rgb; mmseg's / mmengine's read bgr_to_rgb
+    classifier = _strip_scope(pre[1].get('type')) in ('', 'ClsDataPreprocessor')
+    key = 'bgr_to_rgb' if 'bgr_to_rgb' in pre[1] else \
+        'to_rgb' if 'to_rgb' in pre[1] or classifier else 'bgr_to_rgb'
+    # unset is no swap too: the default of mmseg's, mmpretrain's and mmengine's preprocessors
+    if not loads_files or pre[1].get(key, False) is not False:
         return None
     return (f'{pre[0]}.{key}=False while {found[1]} decodes image files (LoadImageFromFile '
             f'gives BGR): the models see BGR, but every backbone family mmlinvit loads (DeiT, '
