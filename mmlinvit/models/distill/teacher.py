@@ -47,7 +47,7 @@ def build_frozen_teacher(cfg: dict, ckpt: Optional[str] = None,
                 f'teacher_ckpt {ckpt!r} does not fit the teacher '
                 f'{type(teacher).__name__}: {err}') from err
         print_log(f'Loaded the teacher weights from {ckpt}', logger='current')
-    elif not getattr(teacher, 'pretrained', None) and not getattr(teacher, 'init_cfg', None):
+    elif not _loads_weights(teacher):
         print_log('The teacher has no checkpoint (no teacher_ckpt, no pretrained=): it '
                   'keeps its random initialisation', logger='current',
                   level=logging.WARNING)
@@ -60,3 +60,18 @@ def build_frozen_teacher(cfg: dict, ckpt: Optional[str] = None,
     for param in teacher.parameters():
         param.requires_grad_(False)
     return teacher
+
+
+def _loads_weights(teacher: nn.Module) -> bool:
+    """Whether the teacher or one of its modules (a task model's backbone) read a file in its
+    own initialisation: ``pretrained=`` or a ``Pretrained`` init_cfg (another init_cfg, e.g. a
+    head's ``Normal``, draws random weights)."""
+    for module in teacher.modules():
+        if getattr(module, 'pretrained', None) or getattr(module, 'weights_loaded', False):
+            return True
+        init_cfgs = getattr(module, 'init_cfg', None) or []
+        for init_cfg in init_cfgs if isinstance(init_cfgs, (list, tuple)) else [init_cfgs]:
+            if (isinstance(init_cfg, dict)
+                    and str(init_cfg.get('type', '')).split('.')[-1] == 'Pretrained'):
+                return True
+    return False

@@ -83,11 +83,12 @@ TOKEN_LAYOUT_ARGS = ('student_token_layout', 'teacher_token_layout')
 
 def check_patch_token_layouts(term: str, loss: nn.Module, params: Mapping[str, Any],
                               specs: List[InputSpec]) -> None:
-    """Refuses ``patch_tokens_only=True`` without the token layouts that locate the patches.
+    """Refuses a patch-token loss without the token layouts that locate the patches.
 
     A loss that takes ``student_token_layout`` / ``teacher_token_layout`` defaults them to
-    ``(0, 0)`` (no special tokens): with ``patch_tokens_only=True`` and the layouts unmapped,
-    class and register tokens would silently count as patches.
+    ``(0, 0)`` (no special tokens): with ``patch_tokens_only=True``, or without that switch
+    (``ActivationMatchingLoss`` / ``MaskedPredictionLoss`` always compare patch tokens), and the
+    layouts unmapped, class and register tokens would silently count as patches.
 
     Args:
         term: Term name.
@@ -98,14 +99,20 @@ def check_patch_token_layouts(term: str, loss: nn.Module, params: Mapping[str, A
     Raises:
         DistillationConfigError: naming the unmapped layout arguments and the mapping to add.
     """
-    if not getattr(loss, 'patch_tokens_only', False):
+    switch = getattr(loss, 'patch_tokens_only', None)
+    # a loss that takes the layouts without a patch_tokens_only switch always compares patch
+    # tokens (ActivationMatchingLoss, MaskedPredictionLoss)
+    patch_only = switch if switch is not None else any(a in params for a in TOKEN_LAYOUT_ARGS)
+    if not patch_only:
         return
     mapped = {s.arg for s in specs}
     missing = [a for a in TOKEN_LAYOUT_ARGS if a in params and a not in mapped]
     if missing:
         hint = ', '.join(f"{a}='context.{a}'" for a in missing)
+        what = ('(patch_tokens_only=True)' if switch is not None else
+                ' (it compares patch tokens only)')
         raise DistillationConfigError(
-            f'distill term {term!r}: {type(loss).__name__}(patch_tokens_only=True) needs the '
+            f'distill term {term!r}: {type(loss).__name__}{what} needs the '
             f'token layouts to find the patch tokens, but {missing} are not mapped (they '
             f'default to no special tokens, so class / register tokens would count as '
             f'patches); add to its inputs: {hint}')
