@@ -18,8 +18,9 @@ evaluator read per loader, ``seg_pad_val`` default and scope, the preprocessor m
 the epoch-loop share per process, single-dict schedulers, negative ``out_indices`` and
 ``frozen_stages``.
 
-Four tests (marked ``BUG`` in their docstrings) fail on the code they were written against
-and pass with the fix proposed in the round-11 report.
+Four tests (``Found in round 11`` in their docstrings) failed on the code of that round: a
+string ``iou_metrics``, an evaluator ``prefix``, label-map samples below twice the sample
+size, a channel swap left at the preprocessors' default.
 """
 import inspect
 import logging
@@ -384,9 +385,9 @@ def test_save_best_fix_names_the_main_metric():
 
 
 @pytest.mark.parametrize('iou_metrics', ['mIoU', 'mDice'])
-def test_bug_iou_metrics_given_as_a_string(iou_metrics):
-    """BUG: mmseg's IoUMetric takes ``iou_metrics`` as a list or a string; a string was read
-    letter by letter, and ``save_best`` of a metric it reports was refused."""
+def test_iou_metrics_given_as_a_string(iou_metrics):
+    """Found in round 11: mmseg's IoUMetric takes ``iou_metrics`` as a list or a string; a
+    string was read letter by letter, and ``save_best`` of a metric it reports was refused."""
     evaluator = dict(type='IoUMetric', iou_metrics=iou_metrics)
     reported = _reported_keys(evaluator)
     assert iou_metrics in reported
@@ -394,10 +395,10 @@ def test_bug_iou_metrics_given_as_a_string(iou_metrics):
         assert _save_best_refused(key, evaluator) is (key not in reported), (key, reported)
 
 
-def test_bug_save_best_follows_the_evaluator_prefix():
-    """BUG: an evaluator ``prefix`` renames every key (``val/mIoU``): ``save_best='mIoU'``
-    stops the first validation with mmengine's KeyError and was let through, as was
-    ``'val/mIoU'`` for an evaluator without a prefix."""
+def test_save_best_follows_the_evaluator_prefix():
+    """Found in round 11: an evaluator ``prefix`` renames every key (``val/mIoU``):
+    ``save_best='mIoU'`` stops the first validation with mmengine's KeyError and was let
+    through, as was ``'val/mIoU'`` for an evaluator without a prefix."""
     prefixed = dict(type='IoUMetric', prefix='val')
     assert 'val/mIoU' in _reported_keys(prefixed) and 'mIoU' not in _reported_keys(prefixed)
     assert not _save_best_refused('val/mIoU', prefixed)
@@ -417,9 +418,10 @@ def test_label_maps_are_sampled_over_the_whole_list(tmp_path):
     assert len(problems) == 1 and 'label(s) [5]' in problems[0], problems
 
 
-def test_bug_label_maps_sampled_evenly_below_twice_the_sample(tmp_path):
-    """BUG: with fewer than 2 x 32 maps the sample was the first 32 only (step 1): a label
-    beyond the classes in map 62 of 63 passed, though the sample is "evenly spaced"."""
+def test_label_maps_sampled_evenly_below_twice_the_sample(tmp_path):
+    """Found in round 11: with fewer than 2 x 32 maps the sample was the first 32 only
+    (step 1): a label beyond the classes in map 62 of 63 passed, though the sample is "evenly
+    spaced"."""
     maps = [[0, 1, 2]] * 63
     maps[62] = [0, 1, 5]
     root = _label_maps(str(tmp_path), maps)
@@ -592,10 +594,10 @@ def test_channel_order_reads_the_preprocessor_mmengine_uses():
         'model.student.data_preprocessor.bgr_to_rgb=False'), warning
 
 
-def test_bug_channel_swap_left_at_the_library_default_is_warned():
-    """BUG: SegDataPreProcessor / ClsDataPreprocessor default to no channel swap; a
-    preprocessor that does not state it hands BGR file images to an RGB-trained model, and
-    only an explicit False was warned."""
+def test_channel_swap_left_at_the_library_default_is_warned():
+    """Found in round 11: SegDataPreProcessor / ClsDataPreprocessor default to no channel
+    swap; a preprocessor that does not state it hands BGR file images to an RGB-trained model,
+    and only an explicit False was warned."""
     from mmpretrain.models import ClsDataPreprocessor
     from mmseg.models import SegDataPreProcessor
     assert inspect.signature(SegDataPreProcessor).parameters['bgr_to_rgb'].default is False
