@@ -43,6 +43,7 @@ import logging
 import os
 from typing import Any, Iterator, List, Optional, Tuple
 
+from mmengine.fileio import list_from_file
 from mmengine.logging import print_log
 
 from .preflight import PreflightError, _iter_datasets, _strip_scope
@@ -117,16 +118,22 @@ def _train_dataset(cfg: Any) -> Optional[Tuple[dict, str]]:
 def _dataset_classes(dataset: dict) -> Optional[Tuple[int, str]]:
     """(number of classes, where it comes from) of a dataset config, when the config says."""
     metainfo = dataset.get('metainfo', None) or {}
+    if isinstance(metainfo.get('classes'), str):
+        # mmengine's BaseDataset reads a string meta value as a file of names (list_from_file)
+        path = metainfo['classes']
+        return (len(list_from_file(path)), f'metainfo.classes file {path!r}') \
+            if os.path.isfile(path) else None
     if metainfo.get('classes'):
         return len(metainfo['classes']), 'metainfo.classes'
     classes = dataset.get('classes', None)  # mmpretrain's argument: names or a file of names
     if isinstance(classes, (list, tuple)) and classes:
         return len(classes), 'classes'
     if isinstance(classes, str):
-        if not os.path.isfile(classes):
+        path = os.path.expanduser(classes)  # as mmpretrain's BaseDataset reads it
+        if not os.path.isfile(path):
             return None
-        with open(classes) as f:
-            return len([line for line in f if line.strip()]), f'classes file {classes!r}'
+        # every line a class, blank ones too (mmengine's list_from_file, as mmpretrain reads it)
+        return len(list_from_file(path)), f'classes file {classes!r}'
     cls = _dataset_class(dataset.get('type'))
     classes = (getattr(cls, 'METAINFO', None) or {}).get('classes') if cls else None
     if classes:

@@ -203,6 +203,31 @@ def test_classes_argument_as_a_tuple_and_as_a_file(tmp_path):
         dict(type='ImageNet', data_root=str(tmp_path), classes=str(names_file)), 1000))[0]
 
 
+def test_class_files_are_counted_as_the_libraries_read_them(tmp_path, monkeypatch):
+    """A file of names given as ``metainfo.classes`` (mmengine's BaseDataset reads a string meta
+    value with ``list_from_file``) counts its lines, not the characters of its path; mmpretrain's
+    ``classes=`` file is read after ``~`` expansion and with its blank lines (each one a class
+    named '')."""
+    names_file = tmp_path / 'classes.txt'
+    names_file.write_text('cat\ndog\nbird\n')
+    as_meta = dict(type='CustomDataset', data_root=str(tmp_path),
+                   metainfo=dict(classes=str(names_file)))
+    assert cc._class_count_problems(_cls_config(as_meta, 3)) == []
+    problems = cc._class_count_problems(_cls_config(as_meta, 1000))
+    assert len(problems) == 1 and 'has 3 classes' in problems[0], problems
+
+    monkeypatch.setenv('HOME', str(tmp_path))
+    blank = tmp_path / 'blank.txt'
+    blank.write_text('cat\n\ndog\n')
+    dataset = dict(type='ImageNet', data_root=str(tmp_path), classes='~/blank.txt')
+    (tmp_path / 'ann.txt').write_text('a.jpg 0\n')
+    assert _mmpretrain_classes(dict(dataset, type='CustomDataset', ann_file='ann.txt',
+                                    pipeline=[])) == 3  # the oracle
+    assert cc._class_count_problems(_cls_config(dataset, 3)) == []
+    problems = cc._class_count_problems(_cls_config(dataset, 2))
+    assert len(problems) == 1 and 'has 3 classes' in problems[0], problems
+
+
 def test_image_folder_classes_follow_mmpretrain(tmp_path):
     """Sub-folders are the classes only without ``ann_file`` and with labels; files beside
     them are not classes; a dict ``data_prefix`` reads its ``img_path``."""
