@@ -691,8 +691,13 @@ def _unused_blocks_warning(cfg: Any) -> Optional[str]:
     if not isinstance(backbone, dict):
         return None
     kind = _strip_scope(backbone.get('type'))
+    type_name = backbone.get('type')
+    scope = (type_name.rsplit('.', 1)[0] if isinstance(type_name, str) and '.' in type_name
+             else cfg.get('default_scope', None))
     out_indices = backbone.get('out_indices', None)
-    if kind not in ('VisionTransformer', 'LinearVisionTransformer', 'Adventurer') or not \
+    # mmlinvit's backbones only: mmseg's / mmpretrain's VisionTransformer read other arguments
+    if scope not in (None, 'mmlinvit') or kind not in ('VisionTransformer', 'LinearVisionTransformer',
+                                            'Adventurer') or not \
             isinstance(out_indices, (list, tuple)) or not out_indices:
         return None
     arch = backbone.get('arch', 'b')

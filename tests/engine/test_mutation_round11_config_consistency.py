@@ -709,3 +709,24 @@ def test_adventurer_depth_is_read():
     warning = cc._unused_blocks_warning(_backbone_cfg(type='Adventurer', arch='b',
                                                       out_indices=[depth - 2]))
     assert warning is not None and f'of a {depth}-block Adventurer' in warning, warning
+
+
+def test_other_libraries_vision_transformers_are_not_judged_by_mmlinvits_arch_table():
+    """mmseg's ``VisionTransformer`` (``num_layers=8``, no ``arch``) ending its out_indices at
+    block 7 uses every block: unscoped under ``default_scope='mmseg'`` or scoped
+    ``mmseg.VisionTransformer``, it is not read as mmlinvit's 12-block arch ``'b'`` (which
+    warned of blocks 8-11, which it does not have); mmlinvit's own backbone (scoped, or with
+    mmlinvit's scope) still is."""
+    mmseg_vit = dict(num_layers=8, out_indices=[1, 3, 5, 7])
+    for backbone, scope in ((dict(mmseg_vit, type='VisionTransformer'), 'mmseg'),
+                            (dict(mmseg_vit, type='mmseg.VisionTransformer'), 'mmseg'),
+                            (dict(mmseg_vit, type='mmseg.VisionTransformer'), None)):
+        cfg = Config(dict(default_scope=scope, model=dict(backbone=backbone)))
+        assert cc._unused_blocks_warning(cfg) is None, backbone
+    ours = dict(type='mmlinvit.VisionTransformer', arch='b', out_indices=[3, 5, 7, 10])
+    for scope in ('mmseg', 'mmlinvit', None):
+        cfg = Config(dict(default_scope=scope, model=dict(backbone=ours)))
+        assert 'ends at block 10 of a 12-block' in cc._unused_blocks_warning(cfg)
+    cfg = Config(dict(default_scope='mmlinvit', model=dict(backbone=dict(
+        ours, type='VisionTransformer'))))
+    assert 'ends at block 10 of a 12-block' in cc._unused_blocks_warning(cfg)
