@@ -205,7 +205,11 @@ def test_finder_registers_after_the_trigger_module_ran(tmp_path: Path,
     monkeypatch.setattr(_config_scope_hook, '_TRIGGER', trigger)
     monkeypatch.setattr(_config_scope_hook, '_register', lambda: log.append('register'))
     finder = _config_scope_hook.ConfigScopeFinder()
-    monkeypatch.setattr(sys, 'meta_path', [finder] + list(sys.meta_path))
+    # the installed hook's own finder (on sys.meta_path until mmengine is imported) is left out:
+    # it would wrap the trigger too
+    others = [f for f in sys.meta_path
+              if not isinstance(f, _config_scope_hook.ConfigScopeFinder)]
+    monkeypatch.setattr(sys, 'meta_path', [finder] + others)
     assert finder.find_spec('round12_other', None) is None
     importlib.import_module(trigger)
     assert log == ['exec', 'register']
