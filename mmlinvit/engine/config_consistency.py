@@ -46,7 +46,7 @@ from typing import Any, Iterator, List, Optional, Tuple
 from mmengine.fileio import list_from_file
 from mmengine.logging import print_log
 
-from .preflight import PreflightError, _iter_datasets, _strip_scope
+from .preflight import PreflightError, _iter_datasets, _strip_scope, _type_scope
 
 
 class ConfigConsistencyError(PreflightError, ValueError):
@@ -99,7 +99,7 @@ def _dataset_class(type_name: Any) -> Optional[type]:
         importlib.import_module(package)
     from mmpretrain.registry import DATASETS as CLS_DATASETS
     from mmseg.registry import DATASETS as SEG_DATASETS
-    scope = type_name.split('.')[0] if '.' in type_name else None
+    scope = _type_scope(type_name)
     registries = {'mmseg': [SEG_DATASETS], 'mmpretrain': [CLS_DATASETS]}.get(
         scope, [SEG_DATASETS, CLS_DATASETS])
     for registry in registries:
@@ -691,9 +691,7 @@ def _unused_blocks_warning(cfg: Any) -> Optional[str]:
     if not isinstance(backbone, dict):
         return None
     kind = _strip_scope(backbone.get('type'))
-    type_name = backbone.get('type')
-    scope = (type_name.rsplit('.', 1)[0] if isinstance(type_name, str) and '.' in type_name
-             else cfg.get('default_scope', None))
+    scope = _type_scope(backbone.get('type')) or cfg.get('default_scope', None)
     out_indices = backbone.get('out_indices', None)
     # mmlinvit's backbones only: mmseg's / mmpretrain's VisionTransformer read other arguments
     if scope not in (None, 'mmlinvit') or kind not in ('VisionTransformer', 'LinearVisionTransformer',

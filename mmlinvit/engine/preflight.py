@@ -114,6 +114,12 @@ def _strip_scope(type_name: Any) -> str:
     return type_name.split('.')[-1] if isinstance(type_name, str) else ''
 
 
+def _type_scope(type_name: Any) -> Optional[str]:
+    """The scope a type name gives itself (``'mmseg'`` of ``'mmseg.UPerHead'``, up to the first
+    dot as mmengine's registries split it), or None."""
+    return type_name.split('.')[0] if isinstance(type_name, str) and '.' in type_name else None
+
+
 def is_remote_path(path: str) -> bool:
     """Whether mmengine fetches ``path`` through a URL scheme rather than from the disk.
 

@@ -101,7 +101,7 @@ def resume_candidates(work_dir: str) -> Tuple[Optional[str], List[str], List[str
         # a lower number is an earlier run's (the target itself is never left out)
         stale += [p for p in numbered if p not in stale and p != osp.normpath(latest)
                   and _step(p) >= 0 and any(0 <= _step(q) < _step(p) and mtime(q) > mtime(p)
-                                            for q in numbered if osp.exists(q))]
+                                            for q in numbered)]  # a missing q: mtime 0
         stale.sort(key=_step)
         numbered -= set(stale)
 
