@@ -265,9 +265,10 @@ def _equal_shape_runs(shapes: List[Tuple[int, ...]]) -> List[Tuple[int, int]]:
 def segmentation_classes(cfg: Config, checkpoint: Dict[str, Any]) -> Tuple[Dict[str, Any], str]:
     """Classes and palette of a segmentation checkpoint, and where they come from.
 
-    A runner checkpoint carries them (``meta.dataset_meta``); for a checkpoint without them,
-    mmseg's inferencer would silently name the classes and paint the overlays as Cityscapes,
-    so they are taken from the config's test dataset (its class ``METAINFO`` updated by the
+    A runner checkpoint carries them (``meta.dataset_meta``; mmseg 0.x checkpoints
+    ``meta.CLASSES`` / ``meta.PALETTE``, read as mmseg's ``init_model`` reads them); for a
+    checkpoint without them, mmseg's inferencer would silently name the classes and paint the
+    overlays as Cityscapes, so they are taken from the config's test dataset (its class ``METAINFO`` updated by the
     config's ``metainfo``).
 
     Args:
@@ -280,11 +281,18 @@ def segmentation_classes(cfg: Config, checkpoint: Dict[str, Any]) -> Tuple[Dict[
     Raises:
         ValueError: when neither the checkpoint nor the config's test dataset names classes.
     """
-    meta = (checkpoint.get('meta') or {}).get('dataset_meta') or {}
+    checkpoint_meta = checkpoint.get('meta') or {}
+    meta = checkpoint_meta.get('dataset_meta') or {}
     if meta.get('classes'):
         return (dict(classes=list(meta['classes']),
                      palette=_palette_for(meta['classes'], meta.get('palette'))),
                 'the checkpoint')
+    if checkpoint_meta.get('CLASSES'):
+        # an mmseg 0.x checkpoint: its names and colours, as mmseg's init_model reads them
+        return (dict(classes=list(checkpoint_meta['CLASSES']),
+                     palette=_palette_for(checkpoint_meta['CLASSES'],
+                                          checkpoint_meta.get('PALETTE'))),
+                'the checkpoint (mmseg 0.x meta.CLASSES / PALETTE)')
     from mmseg.registry import DATASETS
     dataset = cfg.get('test_dataloader', {}).get('dataset', {})
     dataset_cls = DATASETS.get(str(dataset.get('type', '')))

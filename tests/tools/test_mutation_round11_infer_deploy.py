@@ -229,6 +229,24 @@ def test_subset_of_dataset_classes_keeps_their_colours() -> None:
     assert meta['palette'] == [list(c) for c in expected['palette']]
 
 
+def test_mmseg_0x_checkpoint_classes_and_palette(tmp_path: Path) -> None:
+    """An mmseg 0.x checkpoint (``meta.CLASSES`` / ``meta.PALETTE``, no ``dataset_meta``):
+    the names and colours mmseg's own ``init_model`` gives the model, not the config's."""
+    from mmengine.config import Config
+    from mmseg.apis import init_model
+    cfg = Config.fromfile(DEMO_STUDENT)
+    model = init_model(cfg, device='cpu')
+    path = str(tmp_path / 'mmseg0x.pth')
+    torch.save(dict(state_dict=model.state_dict(),
+                    meta=dict(CLASSES=tuple(CKPT_CLASSES), PALETTE=CKPT_PALETTE)), path)
+    expected = init_model(Config.fromfile(DEMO_STUDENT), path, device='cpu').dataset_meta
+    meta, source = _infer().segmentation_classes(
+        Config.fromfile(DEMO_STUDENT), torch.load(path, map_location='cpu', weights_only=False))
+    assert meta['classes'] == list(expected['classes']) == CKPT_CLASSES
+    assert meta['palette'] == [list(c) for c in expected['palette']]
+    assert 'checkpoint' in source
+
+
 def test_label_map_bit_depth_boundaries(tmp_path: Path) -> None:
     infer = _infer()
     label = np.array([[0, 255], [7, 3]])
