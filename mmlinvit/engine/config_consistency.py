@@ -21,8 +21,9 @@ errors (:class:`ConfigConsistencyError`):
     (fails at iteration 1 with a bare torch message);
   * ``default_hooks.checkpoint.save_best`` names a metric the validation never reports
     (``KeyError`` at the first validation, 16k iterations in);
-  * label maps holding labels beyond the head's classes (Cityscapes label ids under the
-    train-id name): an out-of-range target in training, a silently wrong mIoU in evaluation
+  * label maps holding labels beyond the head's classes, as mmseg's ``LoadAnnotations`` hands
+    them on (after ``reduce_zero_label`` and a class subset's ``label_map``; Cityscapes label
+    ids under the train-id name): an out-of-range target in training, a silently wrong mIoU in evaluation
     (also checked by ``tools/test.py``: :func:`label_range_problems`);
 warnings (logged; the run goes on):
   * ``reduce_zero_label=True`` on a data set type whose own default is ``False`` (a custom
@@ -401,7 +402,8 @@ def _ignore_index_problems(cfg: Any, mode: str) -> Tuple[List[str], List[str]]:
 def label_range_problems(cfg: Any, mode: str) -> List[str]:
     """Label maps holding labels beyond the segmentation head's classes.
 
-    A label ``>= num_classes`` (after ``reduce_zero_label``) that mmseg does not ignore (the
+    A label ``>= num_classes`` (after ``reduce_zero_label`` and a class subset's
+    ``label_map``, as mmseg's ``LoadAnnotations`` applies them) that mmseg does not ignore (the
     heads' ``ignore_index`` for training data, the evaluator's for validation / test data)
     stops training with an out-of-range target, but evaluation drops or misreads it without a
     word: Cityscapes label ids (0..33) under the train-id name scored 50.0 mIoU where the
@@ -424,15 +426,21 @@ def label_range_problems(cfg: Any, mode: str) -> List[str]:
     for name, loader in _checked_loaders(cfg, mode):
         for dataset, where in _iter_datasets(loader.get('dataset', None), f'{name}.dataset'):
             found = _sampled_labels(dataset, cfg.get('default_scope', None))
-            if found is None or getattr(found[1], 'label_map', None):
-                continue  # unreadable, or remapped by the data set (a class subset)
+            if found is None:
+                continue  # unreadable: --check-data / the loader report it
             labels, ds = found
             ignored = _ignored_labels(cfg, name)
             reduce = bool(getattr(ds, 'reduce_zero_label', False))
+            # a class subset: mmseg's LoadAnnotations maps each label after reduce_zero_label
+            label_map = dict(getattr(ds, 'label_map', None) or {})
+
+            def trained(value: int) -> int:
+                label = _trained_label(value, reduce)
+                return label_map.get(label, label)
 
             def beyond_classes(values: set) -> List[int]:
-                return sorted(v for v in values if _trained_label(v, reduce) not in ignored
-                              and _trained_label(v, reduce) >= num_classes)
+                return sorted(v for v in values if trained(v) not in ignored
+                              and trained(v) >= num_classes)
 
             beyond, sampled = beyond_classes(labels), LABEL_SAMPLE
             default = _reduce_zero_label_default(dataset)

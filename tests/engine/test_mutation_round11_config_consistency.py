@@ -490,6 +490,32 @@ def test_a_class_subset_data_set_is_remapped_not_refused(tmp_path):
     assert label_range_problems(cfg, 'train') == []
 
 
+def test_a_class_subset_data_set_is_checked_after_its_label_map(tmp_path):
+    """A class subset is checked on the labels mmseg's ``LoadAnnotations`` hands on (after
+    ``reduce_zero_label`` and the data set's ``label_map``): three ADE20K classes under a
+    2-way head, or a label beyond ADE20K's 150, are out of range; the same data with a 3-way
+    head is not."""
+    from mmseg.datasets import ADE20KDataset
+    from mmseg.datasets.transforms import LoadAnnotations
+
+    from mmlinvit.datasets.pairing import build_lazy_dataset
+    subset = ADE20KDataset.METAINFO['classes'][:3]
+    root = _label_maps(str(tmp_path / 'three'), [[0, 1, 2, 3, 10]] * 4)
+    dataset = _seg_dataset(root, dataset_type='ADE20KDataset', classes=subset)
+    ds = build_lazy_dataset(dataset, 'mmseg')
+    loaded = LoadAnnotations()(dict(seg_map_path=osp.join(root, 'ann', 'train', '000.png'),
+                                    reduce_zero_label=True, label_map=ds.label_map,
+                                    seg_fields=[]))['gt_seg_map']
+    assert sorted(set(np.unique(loaded).tolist()) - {255}) == [0, 1, 2]  # the oracle
+    problems = label_range_problems(_seg_cfg(_seg_model(2), dataset), 'train')
+    assert len(problems) == 1 and 'label(s) [3]' in problems[0], problems
+    assert label_range_problems(_seg_cfg(_seg_model(3), dataset), 'train') == []
+    root = _label_maps(str(tmp_path / 'beyond'), [[0, 1, 2, 201]] * 4)
+    dataset = _seg_dataset(root, dataset_type='ADE20KDataset', classes=subset)
+    problems = label_range_problems(_seg_cfg(_seg_model(3), dataset), 'train')
+    assert len(problems) == 1 and 'label(s) [201]' in problems[0], problems
+
+
 def test_reduce_zero_label_is_the_data_sets_own(tmp_path):
     """ADE20KDataset without the key reads with its default True (labels 1..150 fit 150
     classes); with True stated and labels beyond, the message does not call it turned off."""
