@@ -16,7 +16,7 @@ errors (:class:`ConfigConsistencyError`):
   * a segmentation preprocessor that pads label maps with a ``seg_pad_val`` the heads do not
     ignore (padding trained as a class, or an out-of-range target);
   * a slide test whose stride exceeds its crop, a top-k accuracy over fewer than k classes
-    (both stop the first validation);
+    (both stop the first validation; a head's own ``cal_acc`` top-k, the first iteration);
   * a Mask2Former ``loss_cls.class_weight`` whose length is not ``num_classes + 1``
     (fails at iteration 1 with a bare torch message);
   * ``default_hooks.checkpoint.save_best`` names a metric the validation never reports
@@ -266,6 +266,26 @@ def _evaluation_problems(cfg: Any, mode: str) -> List[str]:
                 f'{where}.topk={tuple(topk)} but the model has {num_classes} classes: top-'
                 f'{max(topk)} accuracy is undefined and mmpretrain stops at the first '
                 f'evaluation. Fix: --cfg-options {where}.topk="{defined}"')
+    return problems
+
+
+def _training_accuracy_problems(cfg: Any) -> List[str]:
+    """A classification head that reports training accuracy (``cal_acc=True``) over a
+    ``topk`` beyond its classes: mmpretrain's ``Accuracy.calculate`` raises at the first
+    training iteration."""
+    problems = []
+    for where, head in _heads(cfg.get('model', None)):
+        if '.teacher' in where or not head.get('cal_acc', False):
+            continue
+        topk = head.get('topk', (1, ))
+        topk = [topk] if isinstance(topk, int) else list(topk)
+        if max(topk) > head['num_classes']:
+            defined = tuple(k for k in topk if k <= head['num_classes']) or (1, )
+            problems.append(
+                f'{where}.topk={tuple(topk)} with cal_acc=True but the head has '
+                f'{head["num_classes"]} classes: top-{max(topk)} training accuracy is '
+                f'undefined and mmpretrain stops at the first iteration. Fix: --cfg-options '
+                f'{where}.topk="{defined}" (or {where}.cal_acc=False)')
     return problems
 
 
@@ -742,6 +762,7 @@ def check_config_consistency(cfg: Any, train_samples: Optional[int] = None) -> N
     errors = _class_count_problems(cfg)
     errors += [p for p in (_batch_augment_problem(cfg), _save_best_problem(cfg)) if p]
     errors += _reduce_zero_label_problems(cfg, 'train') + _evaluation_problems(cfg, 'train')
+    errors += _training_accuracy_problems(cfg)
     ignore_errors, ignore_warnings = _ignore_index_problems(cfg, 'train')
     errors += ignore_errors
     errors += label_range_problems(cfg, 'train')

@@ -361,6 +361,33 @@ def test_topk_default_scope_list_and_fix():
     assert 'topk="(1, 2)"' in listed[0]
 
 
+def test_a_heads_training_accuracy_topk_beyond_its_classes():
+    """``cal_acc=True`` with ``topk=(1, 5)`` on a 3-way head: mmpretrain's head raises at its
+    first loss (the oracle); refused before training, with the top-k that is defined.
+    Without ``cal_acc`` (mmpretrain's default) the head's top-k is never used."""
+    from mmpretrain.models.heads import LinearClsHead
+    from mmpretrain.structures import DataSample
+    head_cfg = dict(num_classes=3, in_channels=8, topk=(1, 5))
+    samples = [DataSample().set_gt_label(1), DataSample().set_gt_label(2)]
+    features = (torch.randn(2, 8), )
+    with pytest.raises(ValueError, match='Top-5 accuracy is unavailable'):
+        LinearClsHead(cal_acc=True, **head_cfg).loss(features, samples)
+    LinearClsHead(**head_cfg).loss(features, samples)  # cal_acc=False: trains
+    from mmpretrain.models.heads import ClsHead
+    assert inspect.signature(ClsHead).parameters['cal_acc'].default is False
+
+    def cfg(**head) -> Config:
+        return Config(dict(model=dict(type='ImageClassifier',
+                                      head=dict(head_cfg, type='LinearClsHead', **head))))
+
+    problems = cc._training_accuracy_problems(cfg(cal_acc=True))
+    assert len(problems) == 1, problems
+    assert 'model.head.topk=(1, 5) with cal_acc=True but the head has 3 classes' in problems[0]
+    assert 'topk="(1,)"' in problems[0]
+    assert cc._training_accuracy_problems(cfg()) == []
+    assert cc._training_accuracy_problems(cfg(cal_acc=True, topk=(1, 3))) == []
+
+
 # ------------------------------------------------------------------------------ save_best
 def _reported_keys(evaluator: dict) -> List[str]:
     """The metric names mmseg's IoUMetric (through mmengine's ``BaseMetric.evaluate``, which
