@@ -163,7 +163,8 @@ def run_json_child(cmd: List[str], threads: int, root: str, exact_memory: bool =
         timeout: Seconds before the child is killed (``subprocess.TimeoutExpired``).
 
     Raises:
-        RuntimeError: The child failed; the message ends with its last stderr line.
+        RuntimeError: The child failed, or printed nothing; the message ends with its last
+            stderr line.
     """
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), **(EXACT_RSS_ENV if exact_memory else {}))
     env['PYTHONPATH'] = os.pathsep.join(filter(None, [root, env.get('PYTHONPATH')]))
@@ -171,7 +172,12 @@ def run_json_child(cmd: List[str], threads: int, root: str, exact_memory: bool =
     if proc.returncode != 0:
         tail = proc.stderr.strip().splitlines()[-1:] or ['(no stderr)']
         raise RuntimeError(f'exit {proc.returncode}: {tail[0]}')
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    lines = proc.stdout.strip().splitlines()
+    if not lines:
+        tail = proc.stderr.strip().splitlines()[-1:] or ['(no stderr)']
+        raise RuntimeError(f'exit 0 without the JSON line a benchmark case prints last (stdout '
+                           f'empty): {tail[0]}')
+    return json.loads(lines[-1])
 
 
 def merge_results(parts: Sequence[Dict[str, Any]]) -> Dict[str, Any]:

@@ -104,3 +104,20 @@ def test_print_table_right_aligns_columns(capsys):
         '>    name    ms', '> -------  ----', '> softmax  12.5', '>     elu     -']
     print_table(['a'], [{'a': 'xyz'}], rule=False, missing='?')
     assert capsys.readouterr().out.splitlines() == ['  a', 'xyz']
+
+
+def test_run_json_child_names_a_child_that_printed_nothing(tmp_path):
+    """A case that exits 0 without its JSON line is named as such (was a bare IndexError); a
+    failing case ends with its last stderr line; a good one returns its last line's JSON."""
+    import sys
+
+    from mmlinvit.utils.benchmarking import run_json_child
+    root = str(tmp_path)
+    silent = [sys.executable, '-c', 'import sys; sys.stderr.write("case skipped\\n")']
+    with pytest.raises(RuntimeError, match=r'exit 0 without the JSON line.*case skipped'):
+        run_json_child(silent, threads=1, root=root)
+    failing = [sys.executable, '-c', 'raise SystemExit("bad size")']
+    with pytest.raises(RuntimeError, match=r'exit 1: bad size'):
+        run_json_child(failing, threads=1, root=root)
+    good = [sys.executable, '-c', 'print("log"); print(\'{"ms": 2.5}\')']
+    assert run_json_child(good, threads=1, root=root) == {'ms': 2.5}

@@ -149,7 +149,9 @@ BB_KERNEL_COLS = ('model', 'size', 'aten op', 'kernel', 'kernels')
 
 
 def _interpreter_requested() -> bool:
-    return os.environ.get('TRITON_INTERPRET', '').strip() not in ('', '0')
+    # as triton reads it: 'false' / 'off' / 'no' do not turn the interpreter on
+    from mmlinvit.ops.triton_utils import triton_interpreter_enabled
+    return triton_interpreter_enabled()
 
 
 def main(argv: Optional[List[str]] = None) -> int:
