@@ -26,12 +26,17 @@ def _pair(size: Any) -> Tuple[int, int]:
                                                                            int(size[1]))
 
 
-def _preprocessors(model: Any) -> Iterator[Tuple[str, dict]]:
-    """(location, config) of the preprocessor(s) that will run: the model's own, else, for a
-    distillation model without one, its student's (which it reuses)."""
+def _preprocessors(cfg: Any) -> Iterator[Tuple[str, dict]]:
+    """(location, config) of the preprocessor(s) that will run: the model's own (mmengine's
+    ``Runner`` gives a model config without ``data_preprocessor`` the top-level one), else,
+    for a distillation model without one, its student's (which it reuses)."""
+    model = cfg.get('model', None)
     if not isinstance(model, dict):
         return
-    if isinstance(model.get('data_preprocessor'), dict):
+    if 'data_preprocessor' not in model and isinstance(cfg.get('data_preprocessor', None),
+                                                           dict):
+        yield 'data_preprocessor', cfg['data_preprocessor']
+    elif isinstance(model.get('data_preprocessor'), dict):
         yield 'model.data_preprocessor', model['data_preprocessor']
     elif isinstance(model.get('student'), dict) and \
             isinstance(model['student'].get('data_preprocessor'), dict):
@@ -52,7 +57,7 @@ def _train_crops(cfg: Any) -> Iterator[Tuple[str, Tuple[int, int]]]:
 def find_pad_size_problem(cfg: Any) -> Optional[str]:
     """Describes a preprocessor ``size`` other than the training crop, or ``None``."""
     crops = list(_train_crops(cfg))
-    for where, preprocessor in _preprocessors(cfg.get('model', None)):
+    for where, preprocessor in _preprocessors(cfg):
         if preprocessor.get('size') is None:
             continue
         size = _pair(preprocessor['size'])

@@ -16,10 +16,11 @@ folder, a wrong ``img_suffix`` or images without label maps stop the run here, n
 folder, the suffix looked for and what is there, instead of failing inside mmengine with
 "need at least one array to concatenate".  The counts are logged.
 
-In training, a per-GPU batch size of 1 with BatchNorm in a decode / auxiliary head is refused
-(:class:`BatchNormBatchSizeError`): BatchNorm cannot train on one value per channel, which
-pooled branches (UPerHead / PSPHead pool scale 1, ASPP image pooling) produce, and mmseg
-fails at the first iteration with "Expected more than 1 value per channel when training".
+In training, a per-GPU batch size of 1 (stated, or torch's default when the train loader has
+no ``batch_size``) with BatchNorm in a decode / auxiliary head or a classifier ``head`` is
+refused (:class:`BatchNormBatchSizeError`): BatchNorm cannot train on one value per channel,
+which pooled branches (UPerHead / PSPHead pool scale 1, ASPP image pooling) and classifier
+heads produce, and mmseg / mmpretrain fail at the first iteration with "Expected more than 1 value per channel when training".
 """
 import logging
 import os
@@ -106,8 +107,9 @@ class BatchNormBatchSizeError(PreflightError, ValueError):
 LOCAL_BATCH_NORMS = ('BN', 'BN1d', 'BN2d', 'BN3d')
 #: Norm types that normalise over the batch of all processes (one process: like BN).
 SYNC_BATCH_NORMS = ('SyncBN', 'MMSyncBN', 'NaiveSyncBN')
-#: Config keys of the heads that are trained on the task loss.
-HEAD_KEYS = ('decode_head', 'auxiliary_head')
+#: Config keys of the heads that are trained on the task loss (mmseg's decode / auxiliary
+#: heads, mmpretrain's classifier ``head``).
+HEAD_KEYS = ('decode_head', 'auxiliary_head', 'head')
 
 
 def _strip_scope(type_name: Any) -> str:
@@ -196,6 +198,10 @@ def _iter_checkpoints(node: Any, where: str) -> Iterator[Tuple[str, str]]:
             yield from _iter_checkpoints(value, f'{where}[{i}]')
 
 
+def _is_pretrained_init(value: Any) -> bool:
+    return isinstance(value, dict) and _strip_scope(value.get('type')) == 'Pretrained'
+
+
 def clear_checkpoints(node: Any, where: str = 'model') -> List[str]:
     """Sets every checkpoint path and ``Pretrained`` init_cfg under ``node`` to None, in place.
 
@@ -219,10 +225,15 @@ def clear_checkpoints(node: Any, where: str = 'model') -> List[str]:
                 node[key] = None
                 if value:
                     cleared.append(loc)
-            elif key == 'init_cfg' and isinstance(value, dict) and \
-                    value.get('type') == 'Pretrained':
+            elif key == 'init_cfg' and _is_pretrained_init(value):
                 node[key] = None
                 cleared.append(loc)
+            elif key == 'init_cfg' and isinstance(value, (list, tuple)) and \
+                    any(_is_pretrained_init(v) for v in value):
+                # mmengine's init_weights cannot run a Pretrained entry without a checkpoint
+                cleared.extend(f'{loc}[{i}]' for i, v in enumerate(value)
+                               if _is_pretrained_init(v))
+                node[key] = [v for v in value if not _is_pretrained_init(v)] or None
             else:
                 cleared.extend(clear_checkpoints(value, loc))
     elif isinstance(node, (list, tuple)):
@@ -379,7 +390,8 @@ def find_missing_inputs(cfg: Any,
 
 def _iter_head_batch_norms(node: Any, where: str, in_head: bool = False
                            ) -> Iterator[Tuple[str, str]]:
-    """Yields (location, norm type) of BatchNorm configs inside decode / auxiliary heads.
+    """Yields (location, norm type) of BatchNorm configs inside decode / auxiliary / classifier
+    heads.
 
     The frozen ``teacher`` of a distillation model runs in eval mode and is skipped.
     """
@@ -409,7 +421,8 @@ def find_batch_norm_problem(cfg: Any) -> Optional[str]:
         The problem and how to fix it, or ``None``.
     """
     loader = cfg.get('train_dataloader', None) or {}
-    if loader.get('batch_size', None) != 1:
+    # mmengine passes the loader config to torch's DataLoader, whose batch_size defaults to 1
+    if not loader or loader.get('batch_size', 1) != 1:
         return None
     distributed = cfg.get('launcher', 'none') != 'none'
     found = [(where, norm) for where, norm in _iter_head_batch_norms(cfg.get('model', {}), 'model')
@@ -420,7 +433,7 @@ def find_batch_norm_problem(cfg: Any) -> Optional[str]:
     more = f' and {len(found) - 4} more' if len(found) > 4 else ''
     return (f'train_dataloader.batch_size=1 (per GPU) with BatchNorm in the heads ({shown}{more}). '
             f'BatchNorm cannot train on one sample: pooled branches (UPerHead / PSPHead pool '
-            f'scale 1, ASPP image pooling) fail with "Expected more than 1 value per channel '
+            f'scale 1, ASPP image pooling) and classifier heads fail with "Expected more than 1 value per channel '
             f'when training", and the statistics of one image are noise anyway.\n'
             f'    Fix: use at least 2 images per GPU (--cfg-options '
             f'train_dataloader.batch_size=2), or a norm that does not use the batch in the heads, '

@@ -322,6 +322,11 @@ def test_crops_padded_to_a_larger_preprocessor_size_are_refused(tmp_path, ade):
     check_inputs(cfg, mode='test')  # evaluation is not refused
     student = cfg.model.copy()
     cfg.model = dict(type='mmlinvit.DistillationModel', student=student, teacher=dict())
+    # mmengine's Runner gives the distillation model the top-level preprocessor (the base's
+    # 512 x 512 one), which then runs instead of the student's
+    assert 'model.data_preprocessor' not in find_pad_size_problem(cfg)
+    assert 'data_preprocessor.size=(512, 512)' in find_pad_size_problem(cfg)
+    cfg.data_preprocessor = None  # no top-level one: the student's runs
     assert 'model.student.data_preprocessor.size=(512, 512)' in find_pad_size_problem(cfg)
     cfg.model['data_preprocessor'] = dict(type='SegDataPreProcessor', size=(64, 64))
     assert find_pad_size_problem(cfg) is None  # its own preprocessor runs
