@@ -18,6 +18,9 @@ ZIP_MAGIC = b'PK\x03\x04'
 #: First bytes of the legacy (pre-1.6) ``torch.save`` format: pickle protocol 2 + the magic
 #: number 0x1950a86a20f9469cfc6c as a 10-byte long.
 LEGACY_TORCH_MAGIC = b'\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19'
+#: The pickled magic number alone (LONG1, 10 bytes): legacy files of pickle protocol 2 / 3 have
+#: it right after the 2-byte PROTO header, protocols 4 / 5 after a 9-byte FRAME opcode too.
+LEGACY_MAGIC_LONG = LEGACY_TORCH_MAGIC[2:]
 
 
 class CheckpointFileError(ValueError):
@@ -44,16 +47,25 @@ def checkpoint_file_problem(path: str) -> Optional[str]:
         return ('is empty (0 bytes): writing it was interrupted before any data was written '
                 '(job killed or disk full)')
     with open(path, 'rb') as f:
-        head = f.read(16)
+        head = f.read(32)
     if path.endswith('.safetensors'):
         return _safetensors_problem(path, head, size)
     if head.startswith(ZIP_MAGIC):
         return _zip_problem(path, size)
-    if head.startswith(LEGACY_TORCH_MAGIC):
+    if _is_legacy_torch(head):
         return None
     return (f'is not a PyTorch checkpoint: it is neither a zip archive (torch.save) nor a '
             f'legacy torch file (its {size} bytes start with {head[:8].hex(" ")}); the file '
             f'is damaged or is something else, so it was not unpickled')
+
+
+def _is_legacy_torch(head: bytes) -> bool:
+    """Whether ``head`` starts a legacy ``torch.save`` file of any pickle protocol (2 to 5)."""
+    if head[:1] != b'\x80' or head[1:2] not in (b'\x02', b'\x03', b'\x04', b'\x05'):
+        return False
+    if head[2:3] == b'\x95':  # protocol 4+: FRAME and its 8-byte length come first
+        return head[11:11 + len(LEGACY_MAGIC_LONG)] == LEGACY_MAGIC_LONG
+    return head[2:2 + len(LEGACY_MAGIC_LONG)] == LEGACY_MAGIC_LONG
 
 
 def _zip_problem(path: str, size: int) -> Optional[str]:

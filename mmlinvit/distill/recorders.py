@@ -72,6 +72,9 @@ class ModuleRecorder:
         if indices is not None and '{i}' not in source:
             raise DistillationConfigError(f'Recorder source {source!r} has no {{i}} template, '
                                           f'so it takes no indices (got {list(indices)})')
+        if indices is not None and not list(indices):
+            raise DistillationConfigError(f'Recorder source {source!r}: indices is empty; give '
+                                          f'the block indices to record, or None for all')
         self.source = source
         self.requested_indices = None if indices is None else [int(i) for i in indices]
         self.indices: List[int] = []
@@ -241,6 +244,11 @@ class ModuleOutputsRecorder(ModuleRecorder):
             if not self.enabled:
                 return
             if self.output_index is not None:
+                if not isinstance(output, (tuple, list)):
+                    raise RuntimeError(
+                        f'ModuleOutputs recorder on {self.source!r}: output_index='
+                        f'{self.output_index} selects an element of a tuple / list output, '
+                        f'but the module returned a {type(output).__name__}')
                 output = output[self.output_index]
             store(output)
 
@@ -316,9 +324,11 @@ class _PendingMap:
 
     def __init__(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         self.module, self.args, self.kwargs = module, args, dict(kwargs)
+        self.grad_enabled = torch.is_grad_enabled()  # that of the forward (no_grad teacher)
 
     def compute(self) -> Any:
-        return self.module.attention_map(*self.args, **self.kwargs)
+        with torch.set_grad_enabled(self.grad_enabled):
+            return self.module.attention_map(*self.args, **self.kwargs)
 
 
 def build_recorder(cfg: Union[str, dict]) -> ModuleRecorder:

@@ -99,7 +99,7 @@ class TeacherForcing:
 
         Raises:
             DistillationConfigError: for a task-model student, a missing or wrong input
-                recorder, a different number of blocks in student and teacher (naming both),
+                recorder (not block inputs, or not a ``{i}`` template), a different number of blocks in student and teacher (naming both),
                 a student block without ``forward_attn``, a student backbone without
                 ``patch_size`` / ``num_prefix_tokens``, another patch size or other prefix
                 tokens (class / registers) than the teacher's.
@@ -108,17 +108,24 @@ class TeacherForcing:
             raise DistillationConfigError('teacher_forcing needs a bare backbone student '
                                           f'(got {type(student).__name__})')
         recorder = self.recorder(teacher_recorders)
-        if recorder.is_template:
-            # Block i of the student takes block i's input: a deeper student would have
-            # blocks that never run (and never train), a shallower one no block to run.
-            num_student = count_blocks(student, self.blocks + '.{i}')
-            num_teacher = count_blocks(teacher, recorder.source)
-            if num_student != num_teacher:
-                raise DistillationConfigError(
-                    f'teacher_forcing: the student has {num_student} blocks '
-                    f'({self.blocks!r}) and the teacher {num_teacher} '
-                    f'({recorder.source!r}); student block i runs on the input of teacher '
-                    f'block i, so both need the same number of blocks')
+        if not recorder.is_template:
+            # a plain path records one input, which would reach student block 0 whatever
+            # teacher block it came from
+            raise DistillationConfigError(
+                f'teacher_forcing.input_recorder {self.input_recorder!r} records '
+                f'{recorder.source!r}, a single module: student block i runs on the input of '
+                f'teacher block i, so the recorder needs a {{i}} template. Use source='
+                f'\'<blocks>.{{i}}\' (add indices=[...] to force only some blocks)')
+        # Block i of the student takes block i's input: a deeper student would have blocks
+        # that never run (and never train), a shallower one no block to run.
+        num_student = count_blocks(student, self.blocks + '.{i}')
+        num_teacher = count_blocks(teacher, recorder.source)
+        if num_student != num_teacher:
+            raise DistillationConfigError(
+                f'teacher_forcing: the student has {num_student} blocks '
+                f'({self.blocks!r}) and the teacher {num_teacher} '
+                f'({recorder.source!r}); student block i runs on the input of teacher '
+                f'block i, so both need the same number of blocks')
         for idx, teacher_path in zip(recorder.indices, recorder.paths):
             path = f'{self.blocks}.{idx}'
             try:

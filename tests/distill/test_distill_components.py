@@ -113,6 +113,24 @@ def test_teacher_forcing_component_without_openmmlab():
         torch.testing.assert_close(recorded[i], expected, rtol=0, atol=0)
 
 
+def test_teacher_forcing_refuses_a_single_module_input_recorder():
+    """A plain ``'blocks.1'`` recorder holds teacher block 1's input at index 0: student block
+    0 would run on it (the index the recorder resolves to), so it is refused at the check,
+    with the template that forces block 1 alone; that template passes."""
+    student, teacher = tiny_vit(attn_cfg='elu'), tiny_vit()
+    forcing = TeacherForcing.from_config(dict(input_recorder='block_in'))
+    outputs = ModuleOutputsRecorder('blocks.{i}.attn').attach(student)
+    with ModuleInputsRecorder('blocks.1').attach(teacher) as block_in:
+        assert block_in.indices == [0]  # what forward_student would pair with student block 0
+        with pytest.raises(DistillationConfigError,
+                           match=r"records 'blocks.1', a single module.*needs a \{i\} template"):
+            forcing.check(student, teacher, dict(block_in=block_in, attn_out=outputs))
+    with ModuleInputsRecorder('blocks.{i}', indices=[1]).attach(teacher) as block_in:
+        assert block_in.indices == [1]
+        forcing.check(student, teacher, dict(block_in=block_in, attn_out=outputs))
+    outputs.detach()
+
+
 def test_stage1_with_layer_scale_matches_the_scaled_branch():
     """The README's restore option for AdaLA Stage 1 on a LayerScale teacher (DINOv2): the
     matched quantity becomes ls1(attn(norm1(x_i))), the branch the residual adds, instead of
