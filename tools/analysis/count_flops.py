@@ -100,8 +100,10 @@ def _pipeline_crop(pipeline: object) -> Optional[Tuple[int, int]]:
             continue
         kind = str(step.get('type', '')).split('.')[-1]
         size = None
-        if kind in ('RandomResizedCrop', 'RandomResizedCropAndInterpolationWithTwoPic'):
+        if kind == 'RandomResizedCrop':  # mmpretrain: ``scale`` is the output size
             size = step.get('scale', step.get('size'))
+        elif kind == 'RandomResizedCropAndInterpolationWithTwoPic':
+            size = step.get('size')  # its ``scale`` is the area range, e.g. (0.08, 1.0)
         elif kind in ('RandomCrop', 'CenterCrop'):
             size = step.get('crop_size', step.get('size'))
         if size is not None:

@@ -44,7 +44,7 @@ import os
 import subprocess
 import sys
 import time
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -64,7 +64,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('configs', nargs='+', help='config files')
     parser.add_argument('--crop', nargs='+', type=int, default=None,
-                        help="square crop sides (default: each config's crop)")
+                        help="square crop sides (default: each config's training crop, "
+                             "non-square ones such as Cityscapes' 512 x 1024 as they are)")
     parser.add_argument('--precision', nargs='+', default=['fp32', 'bf16'],
                         choices=sorted(PRECISIONS))
     parser.add_argument('--with-cp', nargs='+', default=['off', 'on'], choices=['off', 'on'])
@@ -145,8 +146,9 @@ def set_with_cp(model_cfg: Any, with_cp: bool) -> int:
     return count
 
 
-def config_crop(cfg: Any) -> int:
-    """The config's training crop side (``crop_size``, preprocessor size or ``img_size``)."""
+def config_crop(cfg: Any) -> Union[int, Tuple[int, int]]:
+    """The config's training crop (``crop_size``, preprocessor size or ``img_size``): its side
+    when square, else ``(h, w)`` (a 512 x 1024 Cityscapes crop is measured as such)."""
     crop = cfg.get('crop_size', None)
     if crop is None:
         crop = (cfg.model.get('data_preprocessor') or {}).get('size', None)
@@ -157,28 +159,38 @@ def config_crop(cfg: Any) -> int:
                 break
     if crop is None:
         raise SystemExit('cannot tell the crop size of the config; pass --crop')
-    return int(crop if isinstance(crop, int) else crop[0])
+    h, w = _crop_hw(crop)
+    return h if h == w else (h, w)
+
+
+def _crop_hw(crop: Union[int, Sequence[int]]) -> Tuple[int, int]:
+    """``(h, w)`` of a crop side or pair."""
+    if isinstance(crop, int):
+        return crop, crop
+    return int(crop[0]), int(crop[1])
 
 
 # ---------------------------------------------------------------------------------- batches
-def make_batch(model: torch.nn.Module, world: str, crop: int, batch: int,
-               num_classes: int) -> Dict[str, list]:
-    """A data-loader style batch: uint8 images + label maps (seg) or class labels (cls)."""
+def make_batch(model: Optional[torch.nn.Module], world: str, crop: Union[int, Sequence[int]],
+               batch: int, num_classes: int) -> Dict[str, list]:
+    """A data-loader style batch: uint8 images + label maps (seg) or class labels (cls) of
+    ``crop`` (a side or ``(h, w)``)."""
+    h, w = _crop_hw(crop)
     gen = torch.Generator().manual_seed(0)
     inputs, samples = [], []
     for _ in range(batch):
-        img = torch.randint(0, 256, (3, crop, crop), generator=gen, dtype=torch.uint8)
+        img = torch.randint(0, 256, (3, h, w), generator=gen, dtype=torch.uint8)
         inputs.append(img)
         if world == 'mmseg':
             from mmengine.structures import PixelData
             from mmseg.structures import SegDataSample
-            sample = SegDataSample(metainfo=dict(img_shape=(crop, crop), ori_shape=(crop, crop),
-                                                 pad_shape=(crop, crop)))
-            label = torch.randint(0, num_classes, (1, crop, crop), generator=gen)
+            sample = SegDataSample(metainfo=dict(img_shape=(h, w), ori_shape=(h, w),
+                                                 pad_shape=(h, w)))
+            label = torch.randint(0, num_classes, (1, h, w), generator=gen)
             sample.gt_sem_seg = PixelData(data=label)
         else:
             from mmpretrain.structures import DataSample
-            sample = DataSample(metainfo=dict(img_shape=(crop, crop), ori_shape=(crop, crop)))
+            sample = DataSample(metainfo=dict(img_shape=(h, w), ori_shape=(h, w)))
             sample.set_gt_label(int(torch.randint(0, num_classes, (1, ), generator=gen)))
         samples.append(sample)
     return dict(inputs=inputs, data_samples=samples)
@@ -222,7 +234,7 @@ def measure_case(config: str, crop: Optional[int], precision: str, with_cp: bool
     adapt_to_device(cfg)
     crop = crop or config_crop(cfg)
     if cfg.model.get('data_preprocessor'):
-        cfg.model.data_preprocessor['size'] = (crop, crop)
+        cfg.model.data_preprocessor['size'] = _crop_hw(crop)
     model = MODELS.build(cfg.model).to(device)
     model.init_weights()
     model.train()
@@ -235,8 +247,8 @@ def measure_case(config: str, crop: Optional[int], precision: str, with_cp: bool
                 if PRECISIONS[precision] is not None else contextlib.nullcontext())
     num_classes = _num_classes(cfg)
 
-    def step(side: int) -> Dict[str, torch.Tensor]:
-        data = make_batch(model, world, side, batch, num_classes)
+    def step(size: Union[int, Tuple[int, int]]) -> Dict[str, torch.Tensor]:
+        data = make_batch(model, world, size, batch, num_classes)
         with autocast:
             return model.train_step(data, optim_wrapper)
 
@@ -291,13 +303,20 @@ def run_case_subprocess(args: argparse.Namespace, spec: Dict[str, Any]) -> Dict[
         return dict(base, error=str(exc)[:200])
 
 
+def _crop_label(crop: Any) -> str:
+    """``'512'`` for a square crop, ``'512x1024'`` for (h, w)."""
+    if isinstance(crop, (list, tuple)):
+        return 'x'.join(str(int(side)) for side in crop)
+    return str(crop)
+
+
 def print_table(rows: List[Dict[str, Any]]) -> None:
     cols = ['config', 'crop', 'precision', 'with_cp', 'step MiB/img', 'vs no-cp', 'weights MiB',
             'optim MiB', 'step s']
     table = []
     for r in rows:
         line = {'config': os.path.basename(str(r['config'])).replace('.py', ''),
-                'crop': str(r.get('crop')), 'precision': r['precision'],
+                'crop': _crop_label(r.get('crop')), 'precision': r['precision'],
                 'with_cp': 'on' if r['with_cp'] else 'off'}
         if 'error' in r:
             line['step MiB/img'] = r['error']
