@@ -25,7 +25,7 @@ import torch
 COUNTED = ('LDG', 'STG', 'LDGSTS', 'LDS', 'STS', 'LDL', 'STL', 'HGMMA', 'HMMA')
 _WIDTHS = ('128', '64', 'U16')
 _INSTRUCTION = re.compile(r'\b((?:' + '|'.join(sorted(COUNTED, key=len, reverse=True)) +
-                          r')(?:\.[\w]+)*)')
+                          r')(?:\.[\w]+)*)\b')  # whole names: not LDGDEPBAR, LDSM
 
 
 class _TargetDriver:

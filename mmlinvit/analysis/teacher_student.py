@@ -82,6 +82,8 @@ def compare_teacher_student(teacher: nn.Module,
     if len(student.blocks) != depth:
         raise ValueError(f'teacher has {depth} blocks but the student {len(student.blocks)}')
     real_layer = layer + depth if layer < 0 else layer
+    if not 0 <= real_layer < depth:
+        raise IndexError(f'layer {layer} is out of range for a model with {depth} blocks')
     was_training = teacher.training, student.training
     teacher.eval()
     student.eval()
