@@ -524,6 +524,42 @@ def test_inline_trained_check_feeds_shifted_and_scaled_inputs():
     assert row['ok'] == 'PASS' and row['out'] < 1e-5
 
 
+@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
+def test_kernel_checks_compare_16_bit_kernels_with_an_fp32_reference(monkeypatch, dtype):
+    """The documented contract: the kernel gets the 16-bit inputs, the PyTorch reference the
+    same rounded values in fp32 (a 16-bit reference would share the kernel's rounding)."""
+    import mmlinvit.ops.linear_attention as la_ops
+    import mmlinvit.ops.ssd as ssd_ops
+    seen: Dict[str, List[torch.dtype]] = {'kernel': [], 'reference': []}
+    la_reference, ssd_reference = la_ops.linear_attention_torch, ssd_ops.ssd_scan_torch
+
+    def spied_la(q, k, v, mode):
+        seen['reference'].append(q.dtype)
+        return la_reference(q, k, v, mode)
+
+    def spied_ssd(*leaves, chunk_size):
+        seen['reference'].append(leaves[0].dtype)
+        return ssd_reference(*leaves, chunk_size=chunk_size)
+
+    def la_kernel(q, k, v, mode):
+        seen['kernel'].append(q.dtype)
+        return la_reference(q.float(), k.float(), v.float(), mode).to(q.dtype)
+
+    def ssd_kernel(*leaves, chunk_size):
+        seen['kernel'].append(leaves[0].dtype)
+        return ssd_reference(*[t.float() for t in leaves], chunk_size=chunk_size).to(
+            leaves[0].dtype)
+
+    monkeypatch.setattr(la_ops, 'linear_attention_torch', spied_la)
+    monkeypatch.setattr(ssd_ops, 'ssd_scan_torch', spied_ssd)
+    cpu = torch.device('cpu')
+    kernel_checks.check_linear_attention(SimpleNamespace(linear_attention_triton=la_kernel), 'x',
+                                         9, 11, 2, 8, 6, dtype, 'elu', cpu)
+    kernel_checks.check_ssd(SimpleNamespace(ssd_scan_triton=ssd_kernel), 'x', 1, 16, 2, 4, 1, 8,
+                            8, dtype, cpu)
+    assert seen == {'kernel': [dtype, dtype], 'reference': [torch.float32, torch.float32]}
+
+
 # ----------------------------------------------------------------------------- sass_report
 #: cuobjdump --dump-resource-usage of one sm_90 kernel (format of Triton's bundled cuobjdump).
 USAGE = """

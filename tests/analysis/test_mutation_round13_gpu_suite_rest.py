@@ -686,8 +686,11 @@ def _main(monkeypatch, tmp_path: Path, argv: List[str], plot_error: bool = False
     suite = load_script(str(SUITE), 'gpu_suite_round13')
     monkeypatch.setenv('TRITON_INTERPRET', '1')
     for var in ('MMLINVIT_LINEAR_ATTN_BACKEND', 'MMLINVIT_SSD_BACKEND'):
+        # main() forces the kernels (os.environ[var] = 'triton'): registered with monkeypatch
+        # (setenv records the value to restore) so that later tests keep their backends
+        monkeypatch.setenv(var, os.environ.get(var, ''))
         if var not in behaviour.get('keep_env', ()):
-            monkeypatch.delenv(var, raising=False)
+            monkeypatch.delenv(var)
     monkeypatch.setattr(torch, 'set_num_threads', lambda n: None)
     sections = _Sections(tmp_path / 'suite.json',
                          **{k: v for k, v in behaviour.items() if k != 'keep_env'})
