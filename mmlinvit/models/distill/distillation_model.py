@@ -450,6 +450,12 @@ class DistillationModel(BaseModel):
             return {}
         if self.student_is_task_model:
             if task_loss:
+                if data_samples is None:
+                    raise ValueError(
+                        f'the task-model student ({type(self.student).__name__}) computes its '
+                        f'task loss from data_samples (the labels), got data_samples=None: pass '
+                        f'the batch through the data preprocessor (model.train_step / '
+                        f'model(inputs, data_samples, mode=\'loss\'))')
                 return self.student.loss(inputs, data_samples)
             self.student(inputs, mode='tensor')
             return {}
