@@ -21,6 +21,8 @@ from .report import ConversionReport, summarise_keys
 
 #: Keys under which training frameworks nest the weights, unwrapped in this order.
 WRAPPER_KEYS = ('state_dict', 'model', 'module', 'teacher')
+#: Where timm's train.py saves the model EMA's weights, beside ``state_dict``.
+TIMM_EMA_KEY = 'state_dict_ema'
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +96,14 @@ def _unwrap(obj: Any, source: str) -> Tuple[StateDict, List[str]]:
         for key in WRAPPER_KEYS:
             if isinstance(obj.get(key), Mapping):
                 notes.append(f'unwrapped checkpoint[{key!r}]')
+                if key == 'state_dict' and isinstance(obj.get(TIMM_EMA_KEY), Mapping):
+                    # timm's train.py saves the EMA weights beside the live ones, and timm's
+                    # load_checkpoint(use_ema=True, its default) loads those
+                    logger.warning(
+                        '%s also holds %r (the EMA weights of a timm training run, which '
+                        "timm's load_checkpoint loads by default); loading 'state_dict' (the "
+                        'live weights). For the EMA weights save checkpoint[%r] as its own file '
+                        'and load that', source, TIMM_EMA_KEY, TIMM_EMA_KEY)
                 obj = obj[key]
                 break
         else:
