@@ -344,12 +344,13 @@ def prepare_train_config(cfg: Config,
         if checkpoint is not None and checkpoint.get('save_best', None):
             checkpoint['save_best'] = None
     if amp:
-        wrapper = cfg.optim_wrapper.get('type', 'OptimWrapper')
+        given = cfg.optim_wrapper.get('type', 'OptimWrapper')
+        wrapper = str(given).split('.')[-1]  # 'mmengine.OptimWrapper' builds the same class
         if wrapper == 'AmpOptimWrapper':
             print_log('AMP is already enabled in the config', logger='current',
                       level=logging.WARNING)
         elif wrapper != 'OptimWrapper':
-            raise ValueError(f'--amp needs optim_wrapper.type="OptimWrapper", got {wrapper!r}')
+            raise ValueError(f'--amp needs optim_wrapper.type="OptimWrapper", got {given!r}')
         else:
             cfg.optim_wrapper.type = 'AmpOptimWrapper'
             cfg.optim_wrapper.setdefault('loss_scale', 'dynamic')
