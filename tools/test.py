@@ -46,6 +46,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument('--show-dir', help='directory where painted predictions are saved')
     parser.add_argument('--wait-time', type=float, default=2, help='seconds per shown image')
     parser.add_argument('--interval', type=int, default=1, help='visualise every N-th sample')
+    parser.add_argument('--amp', action='store_true',
+                        help='mixed-precision evaluation (mmpretrain\'s flag): mmengine\'s '
+                             'TestLoop with fp16=True')
     parser.add_argument('--tta', action='store_true',
                         help='test-time augmentation: the config\'s tta_pipeline (segmentation '
                              'bases: 6 scales x horizontal flip) through its tta_model; '
@@ -67,7 +70,7 @@ def main(argv: Optional[List[str]] = None) -> dict:
                             show_dir=args.show_dir, show=args.show, wait_time=args.wait_time,
                             interval=args.interval, out=args.out, launcher=args.launcher,
                             tta=args.tta, out_item=args.out_item,
-                            pin_memory=not args.no_pin_memory)
+                            pin_memory=not args.no_pin_memory, amp=args.amp)
     except EvaluationFlagError as err:
         raise SystemExit(f'error: {err}') from None
     try:

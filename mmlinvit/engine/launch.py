@@ -396,7 +396,8 @@ def prepare_test_config(cfg: Config,
                         launcher: str = 'none',
                         tta: bool = False,
                         out_item: Optional[str] = None,
-                        pin_memory: bool = True) -> Config:
+                        pin_memory: bool = True,
+                        amp: bool = False) -> Config:
     """Applies ``tools/test.py``'s flags to a loaded config.
 
     Adds ``mmlinvit.CheckpointCoverageHook`` (a checkpoint that misses weights of the model is
@@ -429,6 +430,8 @@ def prepare_test_config(cfg: Config,
             None) dumps the predictions to ``out``, ``'metrics'`` leaves them out (the tool
             dumps the metrics there after testing).
         pin_memory: False for ``--no-pin-memory``: the test data loader does not pin memory.
+        amp: ``--amp`` (mmpretrain's flag): mixed-precision evaluation, mmengine's
+            ``TestLoop(fp16=True)`` (autocast; fp16 on CUDA, bf16 on CPU).
 
     Raises:
         EvaluationFlagError: ``--out-item`` on a segmentation config or without ``--out``.
@@ -471,6 +474,14 @@ def prepare_test_config(cfg: Config,
         world.enable_output_dump(cfg, out)
     if not pin_memory:
         cfg.test_dataloader['pin_memory'] = False
+    if amp:
+        test_loop = cfg.get('test_cfg', None)
+        loop_type = str((test_loop or {}).get('type', 'TestLoop')).split('.')[-1]
+        if loop_type != 'TestLoop':
+            raise EvaluationFlagError(
+                f"--amp sets fp16=True on mmengine's TestLoop; this config's test_cfg is a "
+                f'{loop_type}: drop --amp, or add fp16 to that loop with --cfg-options')
+        cfg.test_cfg = dict(test_loop or {}, fp16=True)  # as mmpretrain's tools/test.py
     adapt_to_device(cfg, launcher)
     return cfg
 

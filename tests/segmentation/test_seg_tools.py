@@ -470,3 +470,42 @@ def test_a_loopback_master_addr_in_a_multi_node_slurm_job_is_refused(monkeypatch
     assert train.parse_args(['cfg.py', '--launcher', 'slurm']).launcher == 'slurm'
     monkeypatch.setenv('MASTER_ADDR', '127.0.0.1')  # other launchers: not Slurm's business
     assert train.parse_args(['cfg.py', '--launcher', 'pytorch']).launcher == 'pytorch'
+
+
+#: Autocast dtypes seen inside the test loop's forward by :class:`RecordAutocastHook`.
+AUTOCAST_SEEN = []
+
+
+@HOOKS.register_module(force=True)
+class RecordAutocastHook(Hook):
+    """Records whether each test iteration runs under CPU autocast (mmengine's TestLoop wraps
+    the forward in it when ``fp16=True``) and the loop's flag."""
+
+    def before_test(self, runner) -> None:
+        AUTOCAST_SEEN.clear()
+        AUTOCAST_SEEN.append(('fp16', runner.test_loop.fp16))
+
+    def after_test_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
+        AUTOCAST_SEEN.append(('logits', outputs[0].seg_logits.data.dtype))
+
+
+def test_test_tool_amp_evaluates_under_autocast(tmp_path, ade_root):
+    """``tools/test.py --amp`` (mmpretrain's flag) evaluates through mmengine's
+    ``TestLoop(fp16=True)``: the forward runs under autocast (bf16 logits on CPU) and the
+    metric is computed; without it the loop and the logits are fp32."""
+    cfg = tiny_config(UPERNET, ade_root, str(tmp_path / 'wd'))
+    full = _complete_weights(cfg.model.to_dict(), cfg.default_scope, seed=5)
+    cfg.custom_hooks = [dict(type='RecordAutocastHook')]
+    cfg_file = str(tmp_path / 'cfg.py')
+    cfg.dump(cfg_file)
+    ckpt = str(tmp_path / 'iter_1.pth')
+    torch.save(dict(meta=dict(iter=1), state_dict=full), ckpt)
+    test = _load_tool('test')
+    metrics = test.main([cfg_file, ckpt, '--work-dir', str(tmp_path / 't1'), '--amp'])
+    assert 0.0 <= metrics['mIoU'] <= 100.0
+    assert AUTOCAST_SEEN[0] == ('fp16', True)
+    assert {dtype for kind, dtype in AUTOCAST_SEEN[1:]} == {torch.bfloat16}
+    _next_second()
+    test.main([cfg_file, ckpt, '--work-dir', str(tmp_path / 't2')])
+    assert AUTOCAST_SEEN[0] == ('fp16', False)
+    assert {dtype for kind, dtype in AUTOCAST_SEEN[1:]} == {torch.float32}

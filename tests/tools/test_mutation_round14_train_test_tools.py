@@ -32,7 +32,8 @@ from mmengine.config import Config
 
 import mmpretrain
 import mmseg
-from mmlinvit.engine.launch import prepare_test_config, prepare_train_config
+from mmlinvit.engine.launch import (EvaluationFlagError, prepare_test_config,
+                                    prepare_train_config)
 from mmlinvit.utils.cli import load_script
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
@@ -369,3 +370,26 @@ def test_tta_keeps_the_top_level_preprocessor_on_the_wrapped_model() -> None:
     cfg = prepare_test_config(cfg, 'c.py', 'ckpt.pth', tta=True)
     assert cfg.model.module.data_preprocessor == top
     assert cfg.model.data_preprocessor is None
+
+
+def test_test_amp_is_mmpretrains_fp16_test_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``tools/test.py --amp`` (mmpretrain's flag, refused by argparse before) sets what
+    mmpretrain's own tool sets, ``test_cfg.fp16 = True``, and mmengine's Runner builds a
+    ``TestLoop`` with ``fp16=True`` from it; another loop type is refused."""
+    official = _official(MMPRETRAIN_TOOLS, 'test', 'mmpretrain_official_test_amp_r14')
+    args = _official_args(monkeypatch, official, [DEMO, 'ckpt.pth', '--amp'])
+    reference = official.merge_args(Config.fromfile(DEMO), args)
+    assert reference.test_cfg.fp16 is True
+    tool = _tool('test')
+    assert tool.parse_args([DEMO, 'ckpt.pth', '--amp']).amp is True
+    assert tool.parse_args([DEMO, 'ckpt.pth']).amp is False
+    ours = prepare_test_config(Config.fromfile(DEMO), DEMO, 'ckpt.pth', amp=True)
+    assert dict(ours.test_cfg) == dict(reference.test_cfg)
+    import inspect
+
+    from mmengine.runner import TestLoop
+    assert set(ours.test_cfg) - {'type'} <= set(inspect.signature(TestLoop).parameters)
+    cfg = Config.fromfile(DEMO)
+    cfg.test_cfg = dict(type='mmlinvit.UnknownLoop')
+    with pytest.raises(EvaluationFlagError, match='--amp sets fp16=True'):
+        prepare_test_config(cfg, DEMO, 'ckpt.pth', amp=True)
