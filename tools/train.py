@@ -39,6 +39,11 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                              'accumulative_counts) against auto_scale_lr.base_batch_size')
     parser.add_argument('--no-validate', action='store_true',
                         help='train without validation (mmpretrain\'s flag)')
+    parser.add_argument('--no-pin-memory', action='store_true',
+                        help='no data loader pins memory (mmpretrain\'s flag)')
+    parser.add_argument('--no-persistent-workers', action='store_true',
+                        help='no data loader keeps its workers between epochs (mmpretrain\'s '
+                             'flag)')
     parser.add_argument('--check-data', action='store_true',
                         help='decode every image and label map of the train / val sets before '
                              'training; stop, naming the bad files, if any cannot be used')
@@ -56,7 +61,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     try:
         prepare_train_config(cfg, args.config, work_dir=args.work_dir, resume=args.resume,
                              amp=args.amp, launcher=args.launcher,
-                             auto_scale_lr=args.auto_scale_lr, no_validate=args.no_validate)
+                             auto_scale_lr=args.auto_scale_lr, no_validate=args.no_validate,
+                             pin_memory=not args.no_pin_memory,
+                             persistent_workers=not args.no_persistent_workers)
     except ValueError as err:
         raise SystemExit(f'error: {err}') from None
     try:

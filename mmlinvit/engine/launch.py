@@ -309,7 +309,9 @@ def prepare_train_config(cfg: Config,
                          amp: bool = False,
                          launcher: str = 'none',
                          auto_scale_lr: bool = False,
-                         no_validate: bool = False) -> Config:
+                         no_validate: bool = False,
+                         pin_memory: bool = True,
+                         persistent_workers: bool = True) -> Config:
     """Applies ``tools/train.py``'s flags to a loaded config.
 
     Args:
@@ -323,6 +325,10 @@ def prepare_train_config(cfg: Config,
         auto_scale_lr: ``--auto-scale-lr`` (mmpretrain's): ``auto_scale_lr.enable = True``.
         no_validate: ``--no-validate`` (mmpretrain's): no validation loop, loader or
             evaluator (and no best-checkpoint selection, which needs them).
+        pin_memory: False for ``--no-pin-memory`` (mmpretrain's flag): no data loader pins
+            memory.
+        persistent_workers: False for ``--no-persistent-workers`` (mmpretrain's flag): no data
+            loader keeps its workers between epochs.
 
     Returns:
         The same config, updated.
@@ -361,6 +367,11 @@ def prepare_train_config(cfg: Config,
             raise ValueError(f'optim_wrapper.{key}={wrapper[key]!r} is an option of mixed '
                              f'precision (AmpOptimWrapper); add --amp to train with it, or '
                              f'drop it to train in fp32')
+    for key, keep in (('pin_memory', pin_memory), ('persistent_workers', persistent_workers)):
+        if not keep:  # as mmpretrain's tools/train.py: every data loader of the config
+            for loader in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
+                if cfg.get(loader, None) is not None:
+                    cfg[loader][key] = False
     if resume == 'auto':
         cfg.resume = True
         cfg.load_from = None

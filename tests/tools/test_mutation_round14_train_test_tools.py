@@ -393,3 +393,27 @@ def test_test_amp_is_mmpretrains_fp16_test_loop(monkeypatch: pytest.MonkeyPatch)
     cfg.test_cfg = dict(type='mmlinvit.UnknownLoop')
     with pytest.raises(EvaluationFlagError, match='--amp sets fp16=True'):
         prepare_test_config(cfg, DEMO, 'ckpt.pth', amp=True)
+
+
+def test_train_no_pin_memory_and_no_persistent_workers_as_mmpretrain(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``tools/train.py --no-pin-memory --no-persistent-workers`` (mmpretrain's flags; argparse
+    stopped with 'unrecognized arguments' before) switch both off on every data loader, as
+    mmpretrain's own ``merge_args`` does; without them the config's loaders are untouched."""
+    official = _official(MMPRETRAIN_TOOLS, 'train', 'mmpretrain_official_train_loaders_r14')
+    flags = ['--no-pin-memory', '--no-persistent-workers']
+    reference = official.merge_args(Config.fromfile(DEMO),
+                                    _official_args(monkeypatch, official, [DEMO, *flags]))
+    tool = _tool('train')
+    args = tool.parse_args([DEMO, *flags])
+    assert args.no_pin_memory and args.no_persistent_workers
+    ours = prepare_train_config(Config.fromfile(DEMO), DEMO, pin_memory=False,
+                                persistent_workers=False)
+    for loader in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
+        for key in ('pin_memory', 'persistent_workers'):
+            assert ours[loader][key] is reference[loader][key] is False, (loader, key)
+    untouched = prepare_train_config(Config.fromfile(DEMO), DEMO)
+    original = Config.fromfile(DEMO)
+    for loader in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
+        for key in ('pin_memory', 'persistent_workers'):
+            assert untouched[loader].get(key) == original[loader].get(key), (loader, key)
