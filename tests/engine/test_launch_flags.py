@@ -128,6 +128,7 @@ def test_train_tool_passes_every_flag(tmp_path, monkeypatch):
     monkeypatch.setattr(tool, 'prepare_train_config', fake)
     with pytest.raises(_Stop):
         tool.main([SEG, '--work-dir', str(tmp_path), '--no-validate', '--auto-scale-lr',
-                   '--amp', '--resume', 'ckpt.pth'])
+                   '--amp', '--resume', 'ckpt.pth', '--no-pin-memory'])
     assert seen == dict(work_dir=str(tmp_path), resume='ckpt.pth', amp=True, launcher='none',
-                        auto_scale_lr=True, no_validate=True)
+                        auto_scale_lr=True, no_validate=True, pin_memory=False,
+                        persistent_workers=True)
