@@ -128,7 +128,7 @@ class MultiHeadLinearAttention(AttentionOperator):
     #: Seed 000 runs MHLA without a class token, with sin-cos positions and average pooling.
     paper_backbone_setting = NO_CLS_SINCOS_AVG_POOL
 
-    recorded_settings = ('block_grid', 'feature_map', 'feature_eps', 'eps_placement')
+    recorded_settings = ('block_grid', 'feature_map', 'feature_eps', 'eps_placement', 'eps')
 
     def __init__(self,
                  embed_dims: int,
