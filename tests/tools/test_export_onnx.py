@@ -99,7 +99,11 @@ def test_student_segmentor_exports_whole_and_matches(tmp_path):
     # the graph takes the preprocessor's output; the file says which (the config's values)
     meta = _metadata(out)
     pre = model.data_preprocessor
-    assert meta['mean'] == pre.mean.flatten().tolist() and meta['std'] == pre.std.flatten().tolist()
+    # the preprocessor's fp32 values, written as the shortest decimals that give them back
+    assert torch.tensor(meta['mean']).tolist() == pre.mean.flatten().tolist()
+    assert torch.tensor(meta['std']).tolist() == pre.std.flatten().tolist()
+    # ... the config's own numbers (fp32's 123.67500305175781 was written before)
+    assert meta['mean'] == [123.675, 116.28, 103.53] and meta['std'] == [58.395, 57.12, 57.375]
     assert meta['bgr_to_rgb'] is True and meta['pad_to_multiple'] == 8
     assert 'LoadImageFromFile' in meta['prepare'] and 'RGB' in meta['prepare']
     # where to pad (DINOv2 configs pad centred) was not recorded

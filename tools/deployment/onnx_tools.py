@@ -265,7 +265,10 @@ def graph_input_convention(model: nn.Module, task: nn.Module, which: str,
     from mmlinvit.models.distill.teacher_input_norm import student_input_stats
     pre = getattr(model, 'data_preprocessor', None)
     try:
-        mean, std = (t.tolist() for t in student_input_stats(pre))
+        # the preprocessor's fp32 buffers, as the shortest decimals that give them back in
+        # fp32 (123.675, not 123.67500305175781)
+        mean, std = ([float(str(value)) for value in t.numpy()]
+                     for t in student_input_stats(pre))
     except DistillationConfigError:  # the preprocessor does not normalise
         mean = std = None
     teacher_norm = getattr(model, 'teacher_input_norm', None)
