@@ -96,7 +96,8 @@ def train_digits_teacher(x: torch.Tensor, y: torch.Tensor, epochs: int,
 def run_digits(data: dict, init: str, loss_fn: Optional[nn.Module], seed: int, operator: str,
                iters: int, batch_size: int) -> dict:
     """One student run on digits (seed 000's recipe: AdamW lr 2e-3, wd 0.05, clip 3, label
-    smoothing 0.1, warm-up + cosine).
+    smoothing 0.1, linear warm-up over the first tenth of the steps (at least one), then
+    cosine to 1e-3 of the lr).
 
     Args:
         data: :func:`prepare_digits`.

@@ -131,7 +131,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         help='peak HBM bandwidth in B/s (default: PEAK_BW by exact device name)')
     parser.add_argument('--sections', nargs='+', default=list(SECTIONS), choices=list(SECTIONS))
     parser.add_argument('--sweep-budget-s', type=float, default=120.0,
-                        help='the sweeps stop starting variants after this many seconds')
+                        help='the sweeps stop starting variants after this many seconds '
+                        '(default: 120; each eager timing is the median of 10 rounds, 1 with '
+                        '--dry-run)')
     parser.add_argument('--sweep-kernels', nargs='+', default=['la', 'ssd'],
                         choices=['la', 'ssd'], help='kernels the sweeps cover')
     return parser.parse_args(argv)
