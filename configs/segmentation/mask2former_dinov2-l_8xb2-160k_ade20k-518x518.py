@@ -50,8 +50,9 @@ model = dict(
         in_channels=[embed_dims] * 4,
         num_classes=num_classes,
         loss_cls=dict(class_weight=[1.0] * num_classes + [0.1])),
-    # Sliding window for --cfg-options model.test_cfg.mode=slide.
-    test_cfg=dict(mode='whole', crop_size=crop_size, stride=(341, 341)))
+    # Sliding window for --cfg-options model.test_cfg.mode=slide: stride 2/3 of the window,
+    # as mmseg's recipes.
+    test_cfg=dict(mode='whole', crop_size=crop_size, stride=(345, 345)))
 # 8 GPUs x 2 images = batch 16 (as ViT-Adapter-L + Mask2Former); AdamW 2e-5, layer decay 0.9.
 train_dataloader = dict(batch_size=2)
 optim_wrapper = dict(

@@ -19,6 +19,7 @@ model = dict(
     neck=dict(embed_dim=embed_dims),
     decode_head=dict(in_channels=[embed_dims] * 4, channels=768, num_classes=150),
     auxiliary_head=dict(in_channels=embed_dims, num_classes=150),
-    test_cfg=dict(mode='whole', crop_size=crop_size, stride=(341, 341)))
+    # stride: 2/3 of the window, as mmseg's recipes (used with mode='slide')
+    test_cfg=dict(mode='whole', crop_size=crop_size, stride=(345, 345)))
 train_dataloader = dict(batch_size=2)
 optim_wrapper = dict(optimizer=dict(lr=3e-5), paramwise_cfg=dict(layer_decay_rate=0.9))

@@ -263,3 +263,15 @@ def test_seg_teacher_and_student_see_imagenet_statistics(rel):
     assert norm(pre['mean']) == IMNET['mean'] and norm(pre['std']) == IMNET['std']
     assert pre['bgr_to_rgb'] and pre['seg_pad_val'] == 255
     assert model.get('teacher_input_norm') is None
+
+
+@pytest.mark.parametrize('rel', [r for r in CONFIGS if 'upernet' in r or 'mask2former' in r
+                                 or r == 'adala_dinov2_ade20k.py'])
+def test_slide_window_stride_is_two_thirds_of_the_crop(rel):
+    """mmseg's recipes slide their test window by about 2/3 of it (512 -> 341, 1024 -> 683,
+    769 -> 513).  The 518-px DINOv2 configs had kept the 512-px window's 341, so
+    ``--cfg-options model.test_cfg.mode=slide`` overlapped their windows by a third more."""
+    model = load(rel)['model']
+    test_cfg = model.get('student', model)['test_cfg']
+    for crop, stride in zip(test_cfg['crop_size'], test_cfg['stride']):
+        assert abs(stride - 2 * crop / 3) <= 1, (test_cfg['crop_size'], test_cfg['stride'])
