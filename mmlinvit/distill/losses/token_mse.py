@@ -40,7 +40,8 @@ def token_records_mse(student: TensorOrSeq,
             s = patch_tokens(s, student_token_layout, f'student record {idx}')
             t = patch_tokens(t, teacher_token_layout, f'teacher record {idx}')
         hint = None
-        if s.ndim == 3 and t.ndim == 3 and s.shape[-1] == t.shape[-1] and not patch_tokens_only:
+        if s.ndim == 3 and t.ndim == 3 and s.shape[-1] == t.shape[-1] and \
+                s.shape[1] != t.shape[1] and not patch_tokens_only:
             hint = ('the token counts differ: set patch_tokens_only=True and map the '
                     'student/teacher token layouts')
         elif s.ndim == t.ndim and s.shape[-1] != t.shape[-1]:

@@ -19,6 +19,11 @@ class SegVisualizationHook(MMSegVisualizationHook):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        if isinstance(self.interval, bool) or not isinstance(self.interval, int) or \
+                self.interval < 1:
+            raise ValueError(f'SegVisualizationHook: interval must be a positive integer (draw '
+                             f'every interval-th sample; tools/test.py --interval N), got '
+                             f'{self.interval!r}')
         self._test_seen = 0
 
     def after_test_iter(self, runner, batch_idx: int, data_batch: dict,
