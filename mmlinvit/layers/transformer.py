@@ -98,7 +98,7 @@ class DropPath(nn.Module):
             return x
         keep = 1.0 - self.drop_prob
         mask = x.new_empty((x.shape[0], ) + (1, ) * (x.ndim - 1)).bernoulli_(keep)
-        return x * mask / keep
+        return x * mask / keep if keep > 0.0 else x * mask  # p = 1: all dropped (timm)
 
     def extra_repr(self) -> str:
         return f'drop_prob={self.drop_prob}'

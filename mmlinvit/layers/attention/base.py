@@ -238,6 +238,10 @@ def build_attention_operator(cfg, embed_dims: int, num_heads: int, **defaults) -
         **defaults: Extra keyword defaults (e.g. ``qkv_bias``) the config may override.
     """
     if isinstance(cfg, dict):
+        if not isinstance(cfg.get('type', ''), str):
+            raise TypeError(f'attn_cfg {dict(cfg)!r}: type must be the registered name of an '
+                            f'operator ({", ".join(ATTENTION_OPERATORS.names)}), got '
+                            f'{cfg["type"]!r}')
         name = str(cfg.get('type', ''))
         cls = ATTENTION_OPERATORS.get(name.split('.')[-1]) if name else None
         if cls is not None:

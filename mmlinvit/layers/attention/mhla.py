@@ -159,6 +159,10 @@ class MultiHeadLinearAttention(AttentionOperator):
                              f'{local_kernel_size}')
         if mixing_init not in MIXING_INITS:
             raise ValueError(f'Unknown mixing_init {mixing_init!r}; available: {MIXING_INITS}')
+        if mixing_init == 'softmax' and not (isinstance(mixing_tau, (int, float))
+                                             and math.isfinite(mixing_tau) and mixing_tau > 0):
+            raise ValueError(f'mixing_tau must be a finite number > 0 (the temperature of the '
+                             f"'softmax' block-mixing init), got {mixing_tau!r}")
         if eps_placement not in EPS_PLACEMENTS:
             raise ValueError(f'Unknown eps_placement {eps_placement!r}; available: '
                              f'{EPS_PLACEMENTS} (\'mean\': eps on the normaliser averaged over '
