@@ -142,8 +142,11 @@ def _pair_segmentation(ds: Any, report: PairingReport) -> None:
                 f'{_examples(missing)}); the folder holds {describe_files(img_files)}. Fix '
                 f'img_suffix or data_prefix.img_path, or the list.')
         images = [s + img_suffix for s in stems if s + img_suffix in present]
+        stems = [s for s in stems if s + img_suffix in present]
     else:
         images = [f for f in _listed(img_files) if f.endswith(img_suffix)]
+        # mmseg: img[:-len(img_suffix)], i.e. '' for every image when img_suffix is ''
+        stems = [f[:-len(img_suffix)] for f in images]
         if not images:
             report.problems.append(
                 f'{report.where}: no images *{img_suffix} under {img_dir!r} (img_suffix='
@@ -153,8 +156,18 @@ def _pair_segmentation(ds: Any, report: PairingReport) -> None:
     report.num_images = len(images)
     if seg_dir is None or not images:
         return
+    if not img_suffix and not _has_ann_file(ds.ann_file) and len(images) > 1:
+        # every stem is '': mmseg opens <seg_map_path>/<seg_map_suffix> (a hidden file the
+        # walk does not list, when it exists) as the label map of every image
+        report.num_labels = 0
+        report.problems.append(
+            f"{report.where}: img_suffix='' with {len(images)} images under {img_dir!r}: "
+            f"mmseg cuts len('') = 0 characters off each image name (img[:-0] is '') and "
+            f'pairs every image with the same label map <seg_map_path>/{seg_suffix}. Set '
+            f"img_suffix to the images' ending (e.g. --cfg-options {report.where}.img_suffix="
+            f'.jpg).')
+        return
     label_files: Set[str] = set(_walk(seg_dir))
-    stems = [f[:-len(img_suffix)] if img_suffix else f for f in images]
     unpaired = [s for s in stems if s + seg_suffix not in label_files]
     report.num_labels = len(images) - len(unpaired)
     if unpaired:
