@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from mmlinvit.ops.causal_conv import causal_depthwise_conv1d
 from mmlinvit.ops.precision import autocast_disabled
 from mmlinvit.ops.ssd import SSD_BACKENDS, ssd_scan
+from mmlinvit.ops.ssd.checks import check_chunk_size
 from .norm import GatedRMSNorm
 
 
@@ -103,6 +104,7 @@ class Mamba2Mixer(nn.Module):
         self.ngroups = ngroups
         self.d_inner = d_inner
         self.nheads = nheads
+        check_chunk_size(chunk_size)  # at build time, not at the first forward
         self.chunk_size = chunk_size
         self.A_init_range = tuple(A_init_range)
         self.dt_min, self.dt_max, self.dt_init_floor = dt_min, dt_max, dt_init_floor

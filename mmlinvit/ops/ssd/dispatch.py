@@ -34,7 +34,7 @@ import torch
 
 from ..triton_utils import (check_forced_triton, choose_auto_backend, log_choice_once,
                             requested_backend, triton_available)
-from .checks import kernel_unsupported_reason
+from .checks import check_chunk_size, kernel_unsupported_reason
 from .naive import ssd_scan_naive
 from .torch_impl import ssd_scan_torch
 
@@ -113,6 +113,7 @@ def ssd_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor
     Returns:
         y (batch, L, H, P) in the dtype of ``x`` (fp32 accumulation).
     """
+    check_chunk_size(chunk_size)  # every backend refuses what one refuses
     chosen = select_ssd_backend(x, dt, A, B, C, D, backend)
     if chosen == 'naive':
         return ssd_scan_naive(x, dt, A, B, C, D)

@@ -411,7 +411,8 @@ def ssd_scan_torch(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.
     """
     check_ssd_inputs(x, dt, A, B, C, D)
     check_chunk_size(chunk_size)
-    if chunks_per_step is not None and (not isinstance(chunks_per_step, int)
+    if chunks_per_step is not None and (isinstance(chunks_per_step, bool)
+                                        or not isinstance(chunks_per_step, int)
                                         or chunks_per_step < 1):
         raise ValueError(f'chunks_per_step must be None or a positive int, got '
                          f'{chunks_per_step!r}')
