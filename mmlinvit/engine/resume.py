@@ -59,7 +59,7 @@ def last_checkpoint_target(work_dir: str) -> Optional[str]:
 
 def numbered_checkpoints(folder: str) -> List[str]:
     """The ``iter_*.pth`` / ``epoch_*.pth`` files of ``folder``, by increasing number."""
-    return sorted((osp.normpath(p) for p in glob.glob(osp.join(folder, '*.pth'))
+    return sorted((osp.normpath(p) for p in glob.glob(osp.join(glob.escape(folder), '*.pth'))
                    if NUMBERED_CHECKPOINT.match(osp.basename(p))), key=_step)
 
 

@@ -76,7 +76,8 @@ def load(path: str) -> Any:
 def model_config_files() -> List[str]:
     """Repository-relative paths of every config that defines a model (sorted)."""
     found = []
-    for path in sorted(glob.glob(osp.join(CONFIG_ROOT, '**', '*.py'), recursive=True)):
+    for path in sorted(glob.glob(osp.join(glob.escape(CONFIG_ROOT), '**', '*.py'),
+                                 recursive=True)):
         rel = osp.relpath(path, REPO)
         if f'{os.sep}_base_{os.sep}' in path:
             continue
@@ -297,7 +298,7 @@ def check() -> List[str]:
     configs = model_config_files()
     entries = read_index()
     on_disk = sorted(osp.relpath(p, REPO).replace(os.sep, '/') for p in glob.glob(
-        osp.join(CONFIG_ROOT, '**', 'metafile.yml'), recursive=True))
+        osp.join(glob.escape(CONFIG_ROOT), '**', 'metafile.yml'), recursive=True))
     with open(INDEX_FILE) as f:
         imported = sorted(yaml.safe_load(f)['Import'])
     if on_disk != imported:
@@ -374,7 +375,8 @@ def generate(only: Optional[List[str]] = None, reuse_counts: bool = False) -> Li
     by_file: Dict[str, List[Dict[str, Any]]] = {}
     for e in entries:
         by_file.setdefault(metafile_of(e['Config']), []).append(e)
-    for old in glob.glob(osp.join(CONFIG_ROOT, '**', 'metafile.yml'), recursive=True):
+    for old in glob.glob(osp.join(glob.escape(CONFIG_ROOT), '**', 'metafile.yml'),
+                         recursive=True):
         if osp.relpath(old, REPO).replace(os.sep, '/') not in by_file:
             os.remove(old)
     for meta_path, models in sorted(by_file.items()):
