@@ -290,7 +290,7 @@ class Adventurer(TokenBackbone):
 
     BLOCKS = 'layers'
     FINAL_NORM = 'norm_f'
-    STEM = ('cls_token', 'mask_token', 'pos_embed', 'patch_embed')
+    STEM = ('cls_token', 'mask_token', 'pos_embed', 'patch_embed', 'pos_drop')
     BUILD_OPTIONS = 'arch / with_mask_token / mixer_cfg / flip_schedule'
     TRAINING_RECORDS = ('flipped_blocks', POS_GRID_RECORD)
     OPTIONAL_CHECKPOINT_KEYS = {

@@ -309,6 +309,17 @@ class TokenBackbone(nn.Module):
         if ((ckpt.shape == self.pos_embed.shape and same_grid) or ckpt.ndim != 3
                 or ckpt.shape[-1] != self.embed_dims):
             return
+        theirs, ours = prefix + 'cls_token' in state_dict, getattr(self, 'cls_token', None)
+        if theirs != (ours is not None) and hasattr(self, 'with_cls_token'):
+            # a class row in one pos_embed only: not another grid (the grid hook blamed the
+            # file: "inconsistent (edited by hand?)" / "no square grid")
+            raise ValueError(
+                f"The checkpoint {'has a' if theirs else 'has no'} class token ({prefix}cls_token"
+                f" and its row in {key}: {ckpt.shape[1]} rows) but the model is built with "
+                f'with_cls_token={not theirs} ({self.pos_embed.shape[1]} rows). Build it with '
+                f'with_cls_token={theirs} (config: the backbone\'s with_cls_token), or start '
+                f'another token layout from these weights with mmlinvit.transfer.'
+                f'transfer_weights, which maps the class token explicitly.')
         state_dict[key] = self._load_other_grid(ckpt, recorded)
 
     def _load_other_grid(self, pos: torch.Tensor,

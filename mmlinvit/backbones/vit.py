@@ -114,7 +114,8 @@ class VisionTransformer(TokenBackbone):
 
     BLOCKS = 'blocks'
     FINAL_NORM = 'norm'
-    STEM = ('cls_token', 'reg_token', 'mask_token', 'pos_embed', 'patch_embed', 'pre_norm')
+    STEM = ('cls_token', 'reg_token', 'mask_token', 'pos_embed', 'patch_embed', 'drop_after_pos',
+            'pre_norm')
     OPTIONAL_CHECKPOINT_KEYS = {
         'mask_token': 'mask token (only replaces masked patches; timm DINOv2 checkpoints have '
                       'none), initialised to zeros as in the DINOv2 code',
@@ -290,9 +291,12 @@ class VisionTransformer(TokenBackbone):
 
     def format_output(self, tokens: torch.Tensor, hw_shape: Tuple[int, int]) -> torch.Tensor:
         """Turns (B, N, C) tokens into the configured ``out_type`` (``avg_norm`` applied to
-        ``'avg_featmap'`` outputs when built)."""
+        ``'avg_featmap'`` outputs when built; ``out_type`` may be changed after ``__init__``,
+        and mmpretrain's ``ln2`` normalises the patch mean only)."""
         out = super().format_output(tokens, hw_shape)
-        return out if self.avg_norm is None else self.avg_norm(out)
+        if self.avg_norm is None or self.out_type != 'avg_featmap':
+            return out
+        return self.avg_norm(out)
 
     def _freeze_stages(self) -> None:
         super()._freeze_stages()
