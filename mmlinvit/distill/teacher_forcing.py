@@ -31,6 +31,9 @@ def count_blocks(model: nn.Module, template: str) -> int:
         model: The model searched.
         template: Module path with an ``{i}`` placeholder, e.g. ``'blocks.{i}'``.
     """
+    if '{i}' not in template:  # one path for every i: the loop would never end
+        raise ValueError(f'count_blocks needs a module path with an {{i}} placeholder (e.g. '
+                         f"'blocks.{{i}}'), got {template!r}")
     count = 0
     while module_exists(model, template.format(i=count)):
         count += 1

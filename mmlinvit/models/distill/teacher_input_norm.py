@@ -141,7 +141,12 @@ def fold_into_patch_embedding(proj: nn.Conv2d, mean_s: torch.Tensor, std_s: torc
     The teacher's projection expects ``x_t = (x_s * std_s + mean_s - mean_t) / std_t``; a
     convolution is linear in its input, so ``W' = W * std_s / std_t`` (per input channel) and
     ``b' = b + sum W * (mean_s - mean_t) / std_t`` give the same patch tokens from the
-    student's batch ``x_s`` (padding included: the teacher sees converted zeros too).
+    student's batch ``x_s``, the data preprocessor's batch padding included (the teacher sees
+    converted zeros too).  Border patches of an input whose sides are not multiples of the
+    patch, which the backbone pads with zeros after normalising, differ: a student zero is the
+    teacher's ``(mean_s - mean_t) / std_t``, not its zero (about 1e-2 on 0-255 ImageNet vs CLIP
+    statistics), so a folded FullCopy student equals its teacher exactly on patch-multiple
+    inputs only.
 
     Args:
         proj: The student's patch projection (a convolution with a bias), changed in place.
