@@ -23,11 +23,11 @@ passed (the mutation audit of round 15), against an independent reference:
   ``FrozenAwareOptimWrapperConstructor`` (a wholly frozen model, against mmengine's
   ``DefaultOptimWrapperConstructor``).
 """
+import contextlib
 import logging
 import math
-import os.path as osp
 import types
-from typing import List
+from typing import Iterator, List
 
 import pytest
 import torch
@@ -40,13 +40,29 @@ from mmlinvit.distill.losses import (ActivationMatchingLoss, AttentionOutputMSEL
                                      token_records_mse)
 from mmlinvit.distill.losses.token_utils import (check_layout, check_same_shape,
                                                  record_pairs, reduce_over_records)
-from mmlinvit.utils.cli import load_script
 
 
-#: tests/engine/train_testing.py's log capture (that folder is not a package).
-captured_log = load_script(
-    osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), 'engine', 'train_testing.py'),
-    'round15_train_testing').captured_log
+class _Capture(logging.Handler):
+
+    def __init__(self, level: int) -> None:
+        super().__init__(level=level)
+        self.messages: List[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@contextlib.contextmanager
+def captured_log(level: int = logging.NOTSET) -> Iterator[List[str]]:
+    """The messages the current MMLogger emits at ``level`` or above inside the block."""
+    from mmengine.logging import MMLogger
+    logger = MMLogger.get_current_instance()
+    handler = _Capture(level)
+    logger.addHandler(handler)
+    try:
+        yield handler.messages
+    finally:
+        logger.removeHandler(handler)
 
 
 # ------------------------------------------------------------------ float64 references
