@@ -309,8 +309,8 @@ class TokenBackbone(nn.Module):
         if ((ckpt.shape == self.pos_embed.shape and same_grid) or ckpt.ndim != 3
                 or ckpt.shape[-1] != self.embed_dims):
             return
-        theirs, ours = prefix + 'cls_token' in state_dict, getattr(self, 'cls_token', None)
-        if theirs != (ours is not None) and hasattr(self, 'with_cls_token'):
+        theirs = prefix + 'cls_token' in state_dict
+        if hasattr(self, 'with_cls_token') and theirs != self.with_cls_token:
             # a class row in one pos_embed only: not another grid (the grid hook blamed the
             # file: "inconsistent (edited by hand?)" / "no square grid")
             raise ValueError(

@@ -141,8 +141,8 @@ def _pair_segmentation(ds: Any, report: PairingReport) -> None:
                 f'{ds.ann_file!r} are not in {img_dir!r} (looked for <stem>{img_suffix}, e.g. '
                 f'{_examples(missing)}); the folder holds {describe_files(img_files)}. Fix '
                 f'img_suffix or data_prefix.img_path, or the list.')
-        images = [s + img_suffix for s in stems if s + img_suffix in present]
         stems = [s for s in stems if s + img_suffix in present]
+        images = [s + img_suffix for s in stems]
     else:
         images = [f for f in _listed(img_files) if f.endswith(img_suffix)]
         # mmseg: img[:-len(img_suffix)], i.e. '' for every image when img_suffix is ''
