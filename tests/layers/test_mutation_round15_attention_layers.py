@@ -64,7 +64,10 @@ def test_settings_record_names_every_recorded_setting_without_spaces():
                                    HEADS)
     assert parsed_settings(ttt.settings_record()) == {'inner_lr': '0.5',
                                                       'inner_loss_scale': '0.25'}
-    assert build_attention_operator('elu', C, HEADS).settings_record() == ''
+    assert build_attention_operator('softmax', C, HEADS).settings_record() == ''
+    for name in ('elu', 'relu', 'hedgehog', 'identity'):
+        op = build_attention_operator(dict(type=name, eps=1e-3), C, HEADS)
+        assert parsed_settings(op.settings_record()) == {'eps': '0.001'}, name
 
 
 def test_scoped_operator_type_gets_the_option_check():

@@ -56,6 +56,8 @@ class KernelLinearAttention(AttentionOperator):
             :class:`AttentionOperator`.
     """
 
+    recorded_settings = ('eps', )
+
     def __init__(self,
                  embed_dims: int,
                  num_heads: int,
@@ -165,6 +167,7 @@ class HedgehogLinearAttention(AttentionOperator):
 
     #: Feature-map weight inits (see the class docstring).
     FEATURE_INITS = ('identity', 'kaiming_uniform')
+    recorded_settings = ('eps', )
 
     def __init__(self,
                  embed_dims: int,
@@ -242,6 +245,8 @@ class IdentityLinearAttention(AttentionOperator):
         eps: Minimum magnitude of the normaliser.
         **kwargs: Base :class:`AttentionOperator` options.
     """
+
+    recorded_settings = ('eps', )
 
     def __init__(self, embed_dims: int, num_heads: int, eps: float = 1e-6, **kwargs) -> None:
         super().__init__(embed_dims, num_heads, **kwargs)
