@@ -52,6 +52,7 @@ from PIL import Image
 from mmlinvit.config_scopes import ConfigsNotInstalledError, register_config_scopes
 from mmlinvit.engine.checkpoint_coverage import CheckpointCoverageError, check_checkpoint_covers
 from mmlinvit.engine.launch import load_config, world_of
+from mmlinvit.converters.checkpoint_file import checkpoint_file_problem
 from mmlinvit.engine.preflight import clear_checkpoints
 
 #: Image file suffixes a directory argument contributes.
@@ -493,6 +494,9 @@ def main(argv: Optional[List[str]] = None) -> List[Dict[str, Any]]:
     register_config_scopes()
     if not osp.isfile(args.checkpoint):
         raise SystemExit(f'error: checkpoint {args.checkpoint!r} does not exist')
+    problem = checkpoint_file_problem(args.checkpoint)  # truncated, changed bytes (CRC-32)
+    if problem is not None:
+        raise SystemExit(f'error: checkpoint {args.checkpoint!r} {problem}')
     images = collect_images(args.inputs, args.recursive)
     try:
         cfg = load_config(args.config, args.cfg_options)

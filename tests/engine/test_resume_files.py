@@ -10,6 +10,7 @@ import os.path as osp
 import pytest
 import torch
 
+from checkpoint_damage import flip_tensor_byte
 from train_testing import (RunStopped, dump, load_tool, make_toy_scenes, read_losses,
                            toy_config)
 
@@ -72,6 +73,9 @@ def test_truncated_last_checkpoint_falls_back_to_the_previous_one(tmp_path, toy_
 
 
 def _damage(path: str, how: str) -> None:
+    if how == 'flipped':
+        flip_tensor_byte(path)
+        return
     data = open(path, 'rb').read()
     with open(path, 'wb') as f:
         if how == 'truncated':
@@ -85,6 +89,7 @@ CAUSES = {
     'truncated': 'is truncated',
     'random': 'is not a PyTorch checkpoint',
     'empty': 'is empty (0 bytes)',
+    'flipped': 'is damaged: its record',  # ... fails its CRC-32 check
 }
 
 
@@ -119,6 +124,69 @@ def test_damaged_checkpoints_name_the_file_and_the_cause(tmp_path, toy_root, how
         load_tool('test').main([cfg_path, weights, '--work-dir', work_dir])
     check(str(info.value))
     assert not osp.exists(work_dir)  # nothing was built
+
+
+def test_a_changed_tensor_byte_is_found_though_torch_load_reads_it(tmp_path):
+    """``torch.load`` does not check the CRC-32 ``torch.save`` stores for each record: one
+    flipped byte in a tensor record loaded as a changed weight, no word.  Every mmlinvit
+    reader checks the records first; ``verify_data=False`` keeps to the directory and the
+    pickle record, as before."""
+    import zipfile
+
+    from mmlinvit.converters.checkpoint_file import checkpoint_file_problem
+    path = str(tmp_path / 'w.pth')
+    weight = torch.arange(4096, dtype=torch.float32)
+    torch.save({'w': weight}, path)
+    assert checkpoint_file_problem(path) is None
+    record = flip_tensor_byte(path)
+    assert not torch.equal(torch.load(path, weights_only=True)['w'], weight)  # torch: silent
+    assert zipfile.ZipFile(path).testzip() == record  # the zip module's own check agrees
+    problem = checkpoint_file_problem(path)
+    assert problem is not None and f'record {record!r} fails its CRC-32 check' in problem
+    assert checkpoint_file_problem(path, verify_data=False) is None
+
+
+def test_a_changed_latest_checkpoint_falls_back_to_the_previous_one(tmp_path):
+    """``--resume``: a latest checkpoint whose tensor bytes changed is skipped (named, with the
+    cause) for the newest intact one, as a truncated one."""
+    from mmlinvit.engine.resume import select_resume_checkpoint
+    from train_testing import captured_log
+    work_dir = tmp_path / 'wd'
+    work_dir.mkdir()
+    for it in (4, 8):
+        torch.save({'state_dict': {'w': torch.full((256, ), float(it))}, 'meta': {'iter': it}},
+                   str(work_dir / f'iter_{it}.pth'))
+    latest = str(work_dir / 'iter_8.pth')
+    (work_dir / 'last_checkpoint').write_text(latest)
+    flip_tensor_byte(latest)
+    with captured_log() as lines:
+        chosen = select_resume_checkpoint(str(work_dir))
+    assert chosen == str(work_dir / 'iter_4.pth')
+    assert any(f'{latest} is damaged' in m and 'CRC-32' in m for m in lines), lines
+
+
+def test_a_changed_teacher_checkpoint_is_refused_naming_the_cause(tmp_path):
+    """``teacher_ckpt`` of a task-model teacher (read by mmengine's ``load_checkpoint``,
+    which never checks the records either)."""
+    from mmengine.registry import init_default_scope
+
+    from mmlinvit.models.distill.errors import DistillationConfigError
+    from mmlinvit.models.distill.teacher import build_frozen_teacher
+    init_default_scope('mmpretrain')
+    cfg = dict(type='mmpretrain.ImageClassifier',
+               backbone=dict(type='mmlinvit.VisionTransformer',
+                             arch=dict(embed_dims=16, num_layers=1, num_heads=2,
+                                       mlp_hidden_dims=32), img_size=32, patch_size=8),
+               neck=dict(type='mmpretrain.GlobalAveragePooling'),
+               head=dict(type='mmpretrain.LinearClsHead', num_classes=3, in_channels=16))
+    from mmpretrain.registry import MODELS
+    path = str(tmp_path / 'teacher.pth')
+    torch.save({'state_dict': MODELS.build(cfg).state_dict()}, path)
+    build_frozen_teacher(cfg, ckpt=path)  # intact: loads
+    flip_tensor_byte(path)
+    with pytest.raises(DistillationConfigError, match=r'is damaged: its record .* fails its '
+                                                      r'CRC-32 check'):
+        build_frozen_teacher(cfg, ckpt=path)
 
 
 def test_resume_takes_the_unnumbered_checkpoint_last_checkpoint_names(tmp_path):

@@ -163,6 +163,16 @@ def test_bad_inputs_fail_clearly(demo_student, tmp_path):
         infer.main([cfg_file, ckpt, str(tmp_path / 'empty'), '--out-dir', str(tmp_path)])
     with pytest.raises(SystemExit, match='does not exist'):
         infer.main([cfg_file, str(tmp_path / 'x.pth'), images, '--out-dir', str(tmp_path)])
+    # a tensor byte changed after saving: torch.load (and mmengine) would read it silently
+    import shutil
+
+    from checkpoint_damage import flip_tensor_byte
+    changed = str(tmp_path / 'changed.pth')
+    shutil.copy(ckpt, changed)
+    record = flip_tensor_byte(changed)
+    with pytest.raises(SystemExit, match=rf"is damaged: its record '{record}' fails its CRC-32"):
+        infer.main([cfg_file, changed, images, '--out-dir', str(tmp_path / 'out')])
+    assert not (tmp_path / 'out').exists()
 
 
 def _classification_config(data_root: str):

@@ -1,5 +1,6 @@
 """The frozen teacher: built from its config, loaded once, never trained or re-initialised."""
 import logging
+import os
 from typing import Optional
 
 import torch.nn as nn
@@ -7,6 +8,7 @@ from mmengine.logging import print_log
 from mmengine.model import BaseModel, BaseModule
 from mmengine.runner.checkpoint import load_checkpoint
 
+from mmlinvit.converters.checkpoint_file import check_checkpoint_file
 from mmlinvit.registry import MODELS
 from .errors import DistillationConfigError
 
@@ -37,6 +39,8 @@ def build_frozen_teacher(cfg: dict, ckpt: Optional[str] = None,
     if ckpt is not None:
         try:
             if isinstance(teacher, BaseModel):
+                if os.path.isfile(ckpt):  # truncated / changed bytes, named (CRC-32)
+                    check_checkpoint_file(ckpt)
                 load_checkpoint(teacher, ckpt, map_location='cpu', strict=True,
                                 revise_keys=[(r'^module\.', '')])
             else:
