@@ -17,7 +17,7 @@ errors (:class:`ConfigConsistencyError`):
     ignore (padding trained as a class, or an out-of-range target);
   * a slide test whose stride exceeds its crop, a top-k accuracy over fewer than k classes
     (both stop the first validation; a head's own ``cal_acc`` top-k, the first iteration);
-  * a Mask2Former ``loss_cls.class_weight`` whose length is not ``num_classes + 1``
+  * a MaskFormer / Mask2Former ``loss_cls.class_weight`` whose length is not ``num_classes + 1``
     (fails at iteration 1 with a bare torch message);
   * ``default_hooks.checkpoint.save_best`` names a metric the validation never reports
     (``KeyError`` at the first validation, 16k iterations in);
@@ -194,7 +194,7 @@ def _class_count_problems(cfg: Any, mode: str = 'train') -> List[str]:
                 f'its classes (metainfo=dict(classes=...)) and type')
         loss_cls = head.get('loss_cls', None)
         weight = loss_cls.get('class_weight', None) if isinstance(loss_cls, dict) else None
-        if (_strip_scope(head.get('type')) == 'Mask2FormerHead'
+        if (_strip_scope(head.get('type')) in ('MaskFormerHead', 'Mask2FormerHead')
                 and isinstance(weight, (list, tuple)) and len(weight) != n + 1):
             problems.append(
                 f'{where}.loss_cls.class_weight has {len(weight)} entries but num_classes={n} '
@@ -278,7 +278,15 @@ def _training_accuracy_problems(cfg: Any) -> List[str]:
         if '.teacher' in where or not head.get('cal_acc', False):
             continue
         topk = head.get('topk', (1, ))
-        topk = [topk] if isinstance(topk, int) else list(topk)
+        if isinstance(topk, int):  # ClsHead passes it on to Accuracy.calculate, which iterates
+            fix = topk if topk <= head['num_classes'] else 1
+            problems.append(
+                f'{where}.topk={topk} with cal_acc=True: mmpretrain\'s head hands the int to '
+                f'Accuracy.calculate, which takes a sequence, and stops at the first iteration '
+                f'(TypeError: \'int\' object is not iterable). Fix: --cfg-options '
+                f'{where}.topk="({fix},)" (or {where}.cal_acc=False)')
+            continue
+        topk = list(topk)
         if max(topk) > head['num_classes']:
             defined = tuple(k for k in topk if k <= head['num_classes']) or (1, )
             problems.append(
@@ -526,7 +534,7 @@ def _reduce_zero_label(dataset: dict) -> Optional[bool]:
     if found is None:
         return None
     value = dataset.get('reduce_zero_label', found[1])
-    return bool(value) if isinstance(value, (bool, int)) else None
+    return bool(value)  # mmseg's LoadAnnotations reads it by truth value (None: False)
 
 
 def _reduce_zero_label_problems(cfg: Any, mode: str) -> List[str]:

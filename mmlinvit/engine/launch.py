@@ -170,11 +170,11 @@ class World:
 
 
 def _visualization_hook(cfg: Config, hook_type: str) -> dict:
-    """``cfg.default_hooks.visualization`` (to edit in place), or a KeyError with the fix."""
+    """``cfg.default_hooks.visualization`` (to edit in place), or a ToolConfigError with the fix."""
     hooks = cfg.get('default_hooks', None) or {}
     if 'visualization' not in hooks:
-        raise KeyError("--show/--show-dir need default_hooks.visualization "
-                       f"(type='{hook_type}') in the config")
+        raise ToolConfigError("--show/--show-dir need default_hooks.visualization "
+                              f"(type='{hook_type}') in the config")
     return hooks['visualization']
 
 
@@ -250,9 +250,10 @@ def world_of(cfg: Config) -> World:
     """
     scope = cfg.get('default_scope', None)
     if scope not in WORLDS:
-        raise KeyError(f'default_scope={scope!r} is not supported by mmlinvit tools; use one of '
-                       f'{sorted(WORLDS)} (inherit configs/_base_/default_runtime_seg.py for '
-                       f'segmentation or an mmpretrain runtime for classification)')
+        raise ToolConfigError(f'default_scope={scope!r} is not supported by mmlinvit tools; '
+                              f'use one of {sorted(WORLDS)} (inherit '
+                              f'configs/_base_/default_runtime_seg.py for segmentation or an '
+                              f'mmpretrain runtime for classification)')
     return WORLDS[scope]
 
 
@@ -351,7 +352,7 @@ def prepare_train_config(cfg: Config,
             checkpoint['save_best'] = None
     if amp:
         given = cfg.optim_wrapper.get('type', 'OptimWrapper')
-        wrapper = str(given).split('.')[-1]  # 'mmengine.OptimWrapper' builds the same class
+        wrapper = _type_name(given)  # 'mmengine.OptimWrapper' builds the same class
         if wrapper == 'AmpOptimWrapper':
             print_log('AMP is already enabled in the config', logger='current',
                       level=logging.WARNING)
@@ -362,8 +363,7 @@ def prepare_train_config(cfg: Config,
             cfg.optim_wrapper.setdefault('loss_scale', 'dynamic')
     wrapper = cfg.get('optim_wrapper', None) or {}
     for key in ('dtype', 'loss_scale'):  # AmpOptimWrapper's options: OptimWrapper refuses them
-        if key in wrapper and str(wrapper.get('type', 'OptimWrapper')).split('.')[-1] == \
-                'OptimWrapper':
+        if key in wrapper and _type_name(wrapper.get('type', 'OptimWrapper')) == 'OptimWrapper':
             raise ValueError(f'optim_wrapper.{key}={wrapper[key]!r} is an option of mixed '
                              f'precision (AmpOptimWrapper); add --amp to train with it, or '
                              f'drop it to train in fp32')
@@ -380,6 +380,12 @@ def prepare_train_config(cfg: Config,
         cfg.load_from = resume
     adapt_to_device(cfg, launcher)
     return cfg
+
+
+def _type_name(type_: Any) -> str:
+    """The class name a config ``type`` names: ``'OptimWrapper'`` for ``'OptimWrapper'``,
+    ``'mmengine.OptimWrapper'`` or the class itself (pure-Python configs)."""
+    return type_.__name__ if isinstance(type_, type) else str(type_).split('.')[-1]
 
 
 def _set_launcher_and_work_dir(cfg: Config, config_path: str, work_dir: Optional[str],
@@ -507,6 +513,15 @@ class EvaluationFlagError(ValueError):
 
 class TTAConfigError(EvaluationFlagError):
     """``--tta`` on a config without test-time augmentation settings."""
+
+
+class ToolConfigError(EvaluationFlagError, KeyError):
+    """A config the tools cannot run as it is (a ``default_scope`` without a world, ``--show``
+    without a visualisation hook): an ``error:`` line of train.py / test.py.  Still a KeyError
+    (what it was before) for callers that catch one."""
+
+    def __str__(self) -> str:  # KeyError's own would quote the message
+        return str(self.args[0]) if self.args else ''
 
 
 class LaunchError(RuntimeError):
