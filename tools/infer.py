@@ -55,8 +55,9 @@ from mmlinvit.engine.launch import load_config, world_of
 from mmlinvit.converters.checkpoint_file import checkpoint_file_problem
 from mmlinvit.engine.preflight import clear_checkpoints
 
-#: Image file suffixes a directory argument contributes.
-IMAGE_SUFFIXES = ('.jpg', '.jpeg', '.png', '.bmp', '.tif', '.tiff', '.webp')
+#: Image file suffixes a directory argument contributes (mmpretrain's ``CustomDataset``
+#: extensions, PPM / PGM included, plus ``.tiff`` and ``.webp``).
+IMAGE_SUFFIXES = ('.jpg', '.jpeg', '.png', '.ppm', '.bmp', '.pgm', '.tif', '.tiff', '.webp')
 #: ``model.type`` of mmlinvit's distillation wrapper.
 DISTILLATION_TYPES = ('mmlinvit.DistillationModel', 'DistillationModel')
 

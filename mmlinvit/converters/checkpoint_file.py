@@ -16,6 +16,7 @@ core, as fast as ``torch.load`` itself, which then reads it from the page cache)
 """
 import os
 import zipfile
+import zlib
 from typing import Optional
 
 #: First bytes of a zip archive (``torch.save`` since PyTorch 1.6).
@@ -103,7 +104,9 @@ def _zip_problem(path: str, size: int, verify_data: bool) -> Optional[str]:
         return (f'is truncated or damaged: a torch.save zip archive of {size} bytes whose '
                 f'directory cannot be read ({err}); writing it was probably cut short (job '
                 f'killed or disk full)')
-    except (OSError, EOFError, ValueError) as err:  # zlib / CRC / seek errors inside
+    except (OSError, EOFError, ValueError, RuntimeError, zlib.error) as err:
+        # zlib / CRC / seek errors inside; a changed compression method or flag byte in the
+        # directory: zlib.error, NotImplementedError (a RuntimeError), RuntimeError (encrypted)
         return f'is damaged: its zip archive ({size} bytes) cannot be read ({err})'
     return None
 

@@ -23,12 +23,16 @@ def check_patch_grid(op_name: str, num_tokens: int, hw_shape: Optional[Tuple[int
         num_prefix_tokens: Number of class / register tokens at the front.
 
     Raises:
-        ValueError: If the grid is missing or does not match the token count.
+        ValueError: If the grid is missing, has a negative side or does not match the token
+            count.
     """
     if hw_shape is None:
         raise ValueError(f'The {op_name!r} attention operator needs the patch grid: call it '
                          f'with hw_shape=(h, w) (VisionTransformer passes it automatically)')
     h, w = int(hw_shape[0]), int(hw_shape[1])
+    if h < 0 or w < 0:
+        raise ValueError(f'The {op_name!r} attention operator got hw_shape={tuple(hw_shape)}; '
+                         'the sides of the patch grid must be >= 0')
     if num_prefix_tokens < 0 or h * w + num_prefix_tokens != num_tokens:
         raise ValueError(f'The {op_name!r} attention operator got {num_tokens} tokens but '
                          f'hw_shape={tuple(hw_shape)} and num_prefix_tokens={num_prefix_tokens} '

@@ -230,6 +230,11 @@ def _teacher_shape(state: Mapping[str, torch.Tensor]) -> Tuple[int, int]:
                          "'blocks.<i>.' / 'patch_embed.proj.weight' keys; first keys: "
                          f'{list(state)[:5]}). Convert it first with '
                          'mmlinvit.converters.convert_state_dict(state_dict, layout="auto").')
+    missing = sorted(set(range(max(depth) + 1)) - depth)
+    if missing:
+        raise ValueError(f'The teacher state dict has no tensors of blocks {missing} (it has '
+                         f'blocks.0 .. blocks.{max(depth)}): a truncated or filtered file; '
+                         f'their student blocks would silently keep their initialisation')
     return state[width_key].shape[0], max(depth) + 1
 
 

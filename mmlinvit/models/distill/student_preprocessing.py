@@ -85,10 +85,13 @@ def check_student_preprocessing(student_cfg: Any,
     model = _plain(data_preprocessor)
     problems = []
     if own is not None:
+        # mmpretrain's ImageClassifier: data_preprocessor.setdefault('batch_augments', train_cfg)
+        if train_augments is not None:
+            own = dict(own)
+            own.setdefault('batch_augments', train_augments)
         problems += [f'  data_preprocessor.{diff}' for diff in _differences(own, model)]
-    # mmpretrain's ImageClassifier turns train_cfg into batch_augments unless its own
-    # data_preprocessor already names some.
-    if train_augments is not None and (own is None or own.get('batch_augments') is None):
+    # a student without its own data_preprocessor turns train_cfg into its batch_augments
+    if train_augments is not None and own is None:
         if train_augments != model.get('batch_augments'):
             problems.append(f'  train_cfg (batch augments): {train_augments!r} != '
                             f'data_preprocessor.batch_augments {model.get("batch_augments")!r}')
