@@ -51,7 +51,7 @@ from PIL import Image
 
 from mmlinvit.config_scopes import ConfigsNotInstalledError, register_config_scopes
 from mmlinvit.engine.checkpoint_coverage import CheckpointCoverageError, check_checkpoint_covers
-from mmlinvit.engine.launch import load_config, world_of
+from mmlinvit.engine.launch import ToolConfigError, load_config, world_of
 from mmlinvit.converters.checkpoint_file import checkpoint_file_problem
 from mmlinvit.engine.preflight import clear_checkpoints
 
@@ -501,9 +501,9 @@ def main(argv: Optional[List[str]] = None) -> List[Dict[str, Any]]:
     images = collect_images(args.inputs, args.recursive)
     try:
         cfg = load_config(args.config, args.cfg_options)
-    except ConfigsNotInstalledError as err:
+        world = world_of(cfg)
+    except (ConfigsNotInstalledError, ToolConfigError) as err:
         raise SystemExit(f'error: {err}') from None
-    world = world_of(cfg)
     os.makedirs(args.out_dir, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp_dir:
         cfg, checkpoint = inference_config(cfg, args.checkpoint, tmp_dir)

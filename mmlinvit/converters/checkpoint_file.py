@@ -17,7 +17,7 @@ core, as fast as ``torch.load`` itself, which then reads it from the page cache)
 import os
 import zipfile
 import zlib
-from typing import Optional
+from typing import Optional, Union
 
 #: First bytes of a zip archive (``torch.save`` since PyTorch 1.6).
 ZIP_MAGIC = b'PK\x03\x04'
@@ -33,7 +33,8 @@ class CheckpointFileError(ValueError):
     """A checkpoint file is empty, truncated or not a checkpoint at all."""
 
 
-def checkpoint_file_problem(path: str, verify_data: bool = True) -> Optional[str]:
+def checkpoint_file_problem(path: Union[str, os.PathLike],
+                            verify_data: bool = True) -> Optional[str]:
     """Describes why ``path`` cannot be a readable ``torch.save`` / safetensors file.
 
     Args:
@@ -46,6 +47,7 @@ def checkpoint_file_problem(path: str, verify_data: bool = True) -> Optional[str
         readable pickle record, a legacy torch file, or a safetensors file whose header fits),
         otherwise a sentence naming the cause, without the path.
     """
+    path = os.fspath(path)  # a pathlib.Path too
     if not os.path.exists(path):
         return 'does not exist'
     if not os.path.isfile(path):
@@ -136,7 +138,7 @@ def describe_read_error(path: str, err: BaseException) -> str:
     return f'Checkpoint {path!r} {cause} ({type(err).__name__}: {err})'
 
 
-def check_checkpoint_file(path: str) -> None:
+def check_checkpoint_file(path: Union[str, os.PathLike]) -> None:
     """Raises :class:`CheckpointFileError` naming ``path`` and the cause when it is damaged.
 
     A missing file raises :class:`FileNotFoundError`.

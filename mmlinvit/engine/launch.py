@@ -352,7 +352,7 @@ def prepare_train_config(cfg: Config,
             checkpoint['save_best'] = None
     if amp:
         given = cfg.optim_wrapper.get('type', 'OptimWrapper')
-        wrapper = _type_name(given)  # 'mmengine.OptimWrapper' builds the same class
+        wrapper = _strip_scope(given)  # 'mmengine.OptimWrapper' builds the same class
         if wrapper == 'AmpOptimWrapper':
             print_log('AMP is already enabled in the config', logger='current',
                       level=logging.WARNING)
@@ -363,7 +363,7 @@ def prepare_train_config(cfg: Config,
             cfg.optim_wrapper.setdefault('loss_scale', 'dynamic')
     wrapper = cfg.get('optim_wrapper', None) or {}
     for key in ('dtype', 'loss_scale'):  # AmpOptimWrapper's options: OptimWrapper refuses them
-        if key in wrapper and _type_name(wrapper.get('type', 'OptimWrapper')) == 'OptimWrapper':
+        if key in wrapper and _strip_scope(wrapper.get('type', 'OptimWrapper')) == 'OptimWrapper':
             raise ValueError(f'optim_wrapper.{key}={wrapper[key]!r} is an option of mixed '
                              f'precision (AmpOptimWrapper); add --amp to train with it, or '
                              f'drop it to train in fp32')
@@ -380,12 +380,6 @@ def prepare_train_config(cfg: Config,
         cfg.load_from = resume
     adapt_to_device(cfg, launcher)
     return cfg
-
-
-def _type_name(type_: Any) -> str:
-    """The class name a config ``type`` names: ``'OptimWrapper'`` for ``'OptimWrapper'``,
-    ``'mmengine.OptimWrapper'`` or the class itself (pure-Python configs)."""
-    return type_.__name__ if isinstance(type_, type) else str(type_).split('.')[-1]
 
 
 def _set_launcher_and_work_dir(cfg: Config, config_path: str, work_dir: Optional[str],

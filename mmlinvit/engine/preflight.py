@@ -113,6 +113,10 @@ HEAD_KEYS = ('decode_head', 'auxiliary_head', 'head')
 
 
 def _strip_scope(type_name: Any) -> str:
+    """The class name a config ``type`` names: ``'UPerHead'`` for ``'UPerHead'``,
+    ``'mmseg.UPerHead'`` or the class itself (pure-Python configs); ``''`` for anything else."""
+    if isinstance(type_name, type):
+        return type_name.__name__
     return type_name.split('.')[-1] if isinstance(type_name, str) else ''
 
 

@@ -524,6 +524,7 @@ def test_a_crop_transform_without_its_size_is_passed_over():
 
 
 def test_a_top_level_preprocessor_is_the_models(tmp_path):
+    from mmengine.registry import DefaultScope
     from mmengine.runner import Runner
     crop = (64, 64)
     cfg = Config(dict(
@@ -539,7 +540,8 @@ def test_a_top_level_preprocessor_is_the_models(tmp_path):
             pipeline=[dict(type='RandomCrop', crop_size=crop)]))))
     runner_cfg = copy.deepcopy(cfg)
     runner_cfg.train_dataloader = None  # (a runner that trains needs a schedule too)
-    runner = Runner.from_cfg(runner_cfg)  # the reference: what the runner pads to
+    with DefaultScope.overwrite_default_scope('mmseg'):  # (restores the current scope)
+        runner = Runner.from_cfg(runner_cfg)  # the reference: what the runner pads to
     assert tuple(runner.model.data_preprocessor.size) == (512, 512)
     problem = find_pad_size_problem(cfg)
     assert problem is not None and 'pads every (64, 64) training crop' in problem, problem

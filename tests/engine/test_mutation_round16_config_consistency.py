@@ -664,3 +664,19 @@ def test_a_preprocessor_padding_to_a_divisor_only_is_passed_over():
                                                          pipeline=[dict(type='RandomCrop',
                                                                         crop_size=32)]))))
     assert find_pad_size_problem(cfg) is None
+
+
+
+def test_class_typed_heads_are_checked_as_named_ones():
+    """Pure-Python configs name a head by its class (``type=Mask2FormerHead``): the checks read
+    the class name as they read ``'Mask2FormerHead'`` / ``'mmseg.Mask2FormerHead'`` (before:
+    ``''``, so every check keyed on a head type passed over such a head)."""
+    from mmseg.models.decode_heads import Mask2FormerHead
+    kept = [1.0] * 150 + [0.1]
+    for head_type in ('Mask2FormerHead', 'mmseg.Mask2FormerHead', Mask2FormerHead):
+        cfg = Config(dict(model=dict(type='EncoderDecoder', decode_head=dict(
+            type=head_type, num_classes=2,
+            loss_cls=dict(type='mmdet.CrossEntropyLoss', class_weight=kept)))))
+        problems = cc._class_count_problems(cfg)
+        assert any('class_weight has 151 entries but num_classes=2 needs 3' in p
+                   for p in problems), (head_type, problems)

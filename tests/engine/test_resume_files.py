@@ -144,6 +144,9 @@ def test_a_changed_tensor_byte_is_found_though_torch_load_reads_it(tmp_path):
     problem = checkpoint_file_problem(path)
     assert problem is not None and f'record {record!r} fails its CRC-32 check' in problem
     assert checkpoint_file_problem(path, verify_data=False) is None
+    # a pathlib.Path (torch.save / torch.load take one) is read the same
+    assert checkpoint_file_problem(tmp_path / 'w.pth') == problem
+    assert checkpoint_file_problem(tmp_path / 'none.pth') == 'does not exist'
 
 
 def test_a_changed_latest_checkpoint_falls_back_to_the_previous_one(tmp_path):

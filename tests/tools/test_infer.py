@@ -173,6 +173,11 @@ def test_bad_inputs_fail_clearly(demo_student, tmp_path):
     with pytest.raises(SystemExit, match=rf"is damaged: its record '{record}' fails its CRC-32"):
         infer.main([cfg_file, changed, images, '--out-dir', str(tmp_path / 'out')])
     assert not (tmp_path / 'out').exists()
+    # a config whose default_scope no tool world serves: one error line, not a KeyError trace
+    with pytest.raises(SystemExit, match="error: default_scope='mmdet' is not supported"):
+        infer.main([cfg_file, ckpt, images, '--out-dir', str(tmp_path / 'out'),
+                    '--cfg-options', 'default_scope=mmdet'])
+    assert not (tmp_path / 'out').exists()
 
 
 def _classification_config(data_root: str):
