@@ -4,9 +4,13 @@ A corrupt, truncated or empty file otherwise stops a run when a data worker firs
 possibly hours in (mmseg's ``LoadAnnotations`` then reports a Pillow error on a ``BytesIO``,
 without the file's name).  :func:`scan_dataset_files` reads every file of a built dataset with
 Pillow in full (``Image.load()``, which refuses truncated files), checks that each label map has
-its image's size (after the image's EXIF orientation, which mmseg's image loader applies and
-its label loader does not: an oriented image next to a label map of its stored pixels is
-reported), and returns the bad files with the reason.  It runs in threads (Pillow's
+its image's size (after the image's EXIF orientation where the dataset's image loader applies
+it, which its label loader never does: an image the pipeline turns next to a label map of its
+stored pixels is reported), and returns the bad files with the reason.  Whether the loader
+turns an image is measured, not assumed: the file is decoded as the pipeline's
+``LoadImageFromFile`` decodes it (its ``color_type`` and ``imdecode_backend``) and with the
+orientation ignored, and the two are compared (cv2 turns a JPEG / PNG / TIFF but not a WebP;
+Pillow turns all of them; ``color_type='color_ignore_orientation'`` turns none).  It runs in threads (Pillow's
 decoders release the GIL) and reports progress through a callback.  In a distributed run each
 process scans its share (``rank::world_size``); the caller gathers the results.
 """
@@ -14,6 +18,7 @@ import concurrent.futures
 import dataclasses
 from typing import Any, Callable, Iterator, List, Optional, Tuple
 
+import numpy as np
 from PIL import Image
 
 #: Samples per progress report, at most (a report is also made every 5 % of the data).
@@ -44,6 +49,49 @@ ORIENTATIONS = {2: 'mirrored', 3: 'rotated 180 degrees', 4: 'flipped upside down
                 8: 'rotated 90 degrees counter-clockwise'}
 
 
+@dataclasses.dataclass(frozen=True)
+class ImageDecoding:
+    """How a pipeline decodes its images: mmcv ``LoadImageFromFile``'s settings.
+
+    Args:
+        color_type: ``color_type`` (mmcv ``imfrombytes`` ``flag``).
+        backend: ``imdecode_backend``.
+    """
+
+    color_type: str = 'color'
+    backend: str = 'cv2'
+
+    @classmethod
+    def of_dataset(cls, dataset: Any) -> 'ImageDecoding':
+        """The decoding of the first mmcv ``LoadImageFromFile`` (mmseg's and mmpretrain's
+        image loader, or a subclass) in ``dataset.pipeline``; mmcv's defaults without one."""
+        from mmcv.transforms import LoadImageFromFile
+        for transform in getattr(getattr(dataset, 'pipeline', None), 'transforms', ()):
+            if isinstance(transform, LoadImageFromFile):
+                return cls(transform.color_type, transform.imdecode_backend)
+        return cls()
+
+
+def _orientation_applied(path: str, decoding: ImageDecoding) -> bool:
+    """Whether loading ``path`` with ``decoding`` applies its EXIF orientation.
+
+    Decodes the file as the pipeline does and with ``<color_type>_ignore_orientation`` and
+    compares the pixels (an image that the orientation leaves unchanged counts as not turned:
+    its label map pairs up either way).  Only ``'color'`` / ``'grayscale'`` can turn an image;
+    mmcv's ``turbojpeg`` and ``tifffile`` backends never do.
+    """
+    import mmcv
+    if decoding.color_type not in ('color', 'grayscale') or \
+            decoding.backend not in ('cv2', 'pillow'):
+        return False
+    with open(path, 'rb') as f:
+        content = f.read()
+    loaded = mmcv.imfrombytes(content, flag=decoding.color_type, backend=decoding.backend)
+    stored = mmcv.imfrombytes(content, flag=f'{decoding.color_type}_ignore_orientation',
+                              backend=decoding.backend)
+    return loaded.shape != stored.shape or not np.array_equal(loaded, stored)
+
+
 def _decode(path: str) -> Tuple[Optional[Tuple[int, int]], Optional[str], int]:
     """(width, height) of a fully decoded image (as stored) or the reason it cannot be
     decoded, and its EXIF orientation (1 when it has none)."""
@@ -60,9 +108,9 @@ def _orientation_problem(img_path: str, img_size: Tuple[int, int], orientation: 
                          seg_size: Tuple[int, int]) -> Optional[str]:
     """The problem of a label map next to an image with an EXIF orientation, or ``None``.
 
-    mmseg's ``LoadImageFromFile`` decodes with ``color_type='color'`` (cv2 ``IMREAD_COLOR``,
-    and Pillow's ``exif_transpose`` for the pillow backend), which applies the orientation;
-    ``LoadAnnotations`` reads the label map as stored.  A label map of the stored size is
+    Called for an image the pipeline's ``LoadImageFromFile`` turns (``color_type='color'``,
+    mmseg's default: cv2 ``IMREAD_COLOR`` for most formats, Pillow's ``exif_transpose`` for
+    the pillow backend); ``LoadAnnotations`` reads the label map as stored.  A label map of the stored size is
     then paired with a flipped / rotated image.  One of the displayed size (orientations 5-8
     swap the sides) was drawn on the turned image and pairs up.
     """
@@ -84,16 +132,20 @@ def _orientation_problem(img_path: str, img_size: Tuple[int, int], orientation: 
             f'tag')
 
 
-def check_sample(img_path: str, seg_map_path: Optional[str]) -> List[Tuple[str, str]]:
+def check_sample(img_path: str,
+                 seg_map_path: Optional[str],
+                 decoding: Optional[ImageDecoding] = None) -> List[Tuple[str, str]]:
     """Decodes one image and its label map (if any); returns ``(path, reason)`` problems.
 
-    Besides files that do not decode and label maps of another size than their image, an
-    image with an EXIF orientation next to a label map of its stored size is a problem: the
-    image pipeline turns the image, not the label map.
+    Besides files that do not decode and label maps of another size than their image (as the
+    pipeline loads it), an image that the pipeline turns by its EXIF orientation next to a
+    label map of its stored size is a problem: the image is turned, not the label map.
 
     Args:
         img_path: Image file.
         seg_map_path: Label map file, or ``None`` (classification).
+        decoding: How the pipeline decodes images (default: mmseg's, ``color_type='color'``
+            with cv2; :meth:`ImageDecoding.of_dataset` reads a dataset's).
 
     Returns:
         Problems; empty when both decode and their pixels pair up as the pipeline loads them.
@@ -106,7 +158,8 @@ def check_sample(img_path: str, seg_map_path: Optional[str]) -> List[Tuple[str, 
         seg_size, reason, _ = _decode(seg_map_path)
         if reason:
             problems.append((seg_map_path, f'label map {reason}'))
-        elif img_size is not None and orientation != 1:
+        elif img_size is not None and orientation != 1 and \
+                _orientation_applied(img_path, decoding or ImageDecoding()):
             problem = _orientation_problem(img_path, img_size, orientation, seg_size)
             if problem:
                 problems.append((seg_map_path, problem))
@@ -153,6 +206,7 @@ def scan_dataset_files(dataset: Any,
         A :class:`ScanResult` of this share.
     """
     samples = list(iter_sample_files(dataset, rank, world_size))
+    decoding = ImageDecoding.of_dataset(dataset)
     total = len(samples)
     every = max(1, min(PROGRESS_EVERY, total // 20))
     result = ScanResult()
@@ -160,7 +214,8 @@ def scan_dataset_files(dataset: Any,
     with concurrent.futures.ThreadPoolExecutor(max(1, num_threads)) as pool:
         for start in range(0, total, _CHUNK):  # bounded number of pending futures
             chunk = samples[start:start + _CHUNK]
-            for sample, problems in zip(chunk, pool.map(lambda s: check_sample(*s), chunk)):
+            checked = pool.map(lambda sample: check_sample(*sample, decoding), chunk)
+            for sample, problems in zip(chunk, checked):
                 done += 1
                 result.num_samples += 1
                 result.num_files += 1 + int(sample[1] is not None)

@@ -143,9 +143,9 @@ def _fake_processes(monkeypatch, rank: int, world_size: int,
     decoded: List[str] = []
     real_check: Callable = integrity.check_sample
 
-    def check_sample(img_path, seg_map_path):
+    def check_sample(img_path, seg_map_path, decoding=None):
         decoded.append(img_path)
-        return real_check(img_path, seg_map_path)
+        return real_check(img_path, seg_map_path, decoding)
 
     monkeypatch.setattr(mmengine.dist, 'get_rank', lambda *args, **kwargs: rank)
     monkeypatch.setattr(mmengine.dist, 'get_world_size', lambda *args, **kwargs: world_size)
