@@ -26,6 +26,23 @@ def _seed():
     yield
 
 
+@pytest.fixture(autouse=True)
+def _default_scope() -> Iterator[None]:
+    """Each test ends with the mmengine default scope it started with: a Runner (built by many
+    tests) makes its config's ``default_scope`` current for the whole process, and a later
+    test that builds ``type='CrossEntropyLoss'`` then gets mmpretrain's class instead of
+    mmseg's.  (mmengine is not imported here for tests that never import it.)"""
+    import sys
+    registry = sys.modules.get('mmengine.registry')
+    saved = dict(registry.DefaultScope._instance_dict) if registry is not None else None
+    yield
+    registry = sys.modules.get('mmengine.registry')
+    if registry is not None:
+        instances = registry.DefaultScope._instance_dict
+        instances.clear()
+        instances.update(saved or {})
+
+
 @pytest.fixture
 def one_thread():
     """One intra-op thread for the test: tiny models run several times faster than with two

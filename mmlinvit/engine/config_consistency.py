@@ -398,8 +398,9 @@ def _ignore_index_problems(cfg: Any, mode: str) -> Tuple[List[str], List[str]]:
     an out-of-range target stops the run); an evaluator that ignores another label than the
     heads scores the void pixels the model never learnt as a class (84.31 mIoU where the
     predictions were right on every labelled pixel)."""
-    heads = {head.get('ignore_index', 255) for where, head in _heads(cfg.get('model', None))
-             if '.teacher' not in where}
+    ignored = {where: head.get('ignore_index', 255)
+               for where, head in _heads(cfg.get('model', None)) if '.teacher' not in where}
+    heads = set(ignored.values())
     pre = _preprocessor(cfg)
     errors, warnings = [], []
     if not heads or pre is None or _strip_scope(pre[1].get('type')) != 'SegDataPreProcessor':
@@ -411,6 +412,13 @@ def _ignore_index_problems(cfg: Any, mode: str) -> Tuple[List[str], List[str]]:
             f'{sorted(heads)}): the padding of the label maps would be trained as class {pad} '
             f'(or stop the run with an out-of-range target). Fix: {pre[0]}.seg_pad_val='
             f'{min(heads)}')
+    elif mode == 'train' and len(heads) > 1:  # every head is trained on the same label maps
+        others = ', '.join(f'{where}.ignore_index={index}'
+                           for where, index in ignored.items() if index != pad)
+        errors.append(
+            f'{pre[0]}.seg_pad_val={pad} is not a label every head ignores ({others}): '
+            f'those heads train the padding (and the void label {pad}) as class {pad}, or '
+            f'stop the run with an out-of-range target. Fix: ignore_index={pad} on every head')
     loaders = ('val_dataloader', ) if mode == 'train' else ('test_dataloader', )
     from .preflight import _checked_loaders
     for name, _ in _checked_loaders(cfg, mode):
