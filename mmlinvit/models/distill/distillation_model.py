@@ -36,6 +36,7 @@ from typing import Any, ContextManager, Dict, List, Optional, Sequence, Tuple, U
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from mmengine.dist import get_rank
 from mmengine.logging import print_log
 from mmengine.model import BaseModel
@@ -45,6 +46,7 @@ from mmlinvit.backbones.base import TokenBackbone
 from mmlinvit.distill.patch_masking import PatchMasking
 from mmlinvit.distill.teacher_forcing import TeacherForcing
 from mmlinvit.registry import MODELS
+from mmlinvit.models.segmentors import EncoderDecoder as PatchPaddingSegmentor
 from mmlinvit.transfer import (TransferStructureError, build_transfer_strategy,
                                check_transfer_structure, transfer_weights)
 from .clip_input_stats import (warn_clip_stats_for_other_teacher,
@@ -434,6 +436,13 @@ class DistillationModel(BaseModel):
         return mask
 
     def _run_teacher(self, inputs: torch.Tensor) -> None:
+        if isinstance(self.student, PatchPaddingSegmentor):
+            # the student segmentor pads its batch to the patch grid before its backbone
+            # (DINOv2's centred padding puts the image elsewhere on the grid than a teacher's
+            # own bottom / right padding): the teacher sees the same pixels
+            pads = self.student.patch_pads(tuple(inputs.shape[-2:]))
+            if any(pads):
+                inputs = F.pad(inputs, pads)
         inputs = self.teacher_inputs(inputs)
         with torch.no_grad():
             if isinstance(self.teacher, BaseModel):
