@@ -675,8 +675,14 @@ def test_benchmark_ratio_is_teacher_over_student(monkeypatch: pytest.MonkeyPatch
         lambda images: (torch.zeros(1, 64, 2, 2), )))
     monkeypatch.setattr(bench, 'time_round_robin', lambda fns, device, repeats, max_seconds: {
         bench.TEACHER: 30.0, 'vit-elu': 10.0})
-    rows = bench.main(['--arch', 'tiny', '--sizes', '32', '--students', 'vit-elu',
-                       '--repeats', '1', '--threads', '1'])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        rows = bench.main(['--arch', 'tiny', '--sizes', '32', '--students', 'vit-elu',
+                           '--repeats', '1', '--threads', '1'])
+        assert torch.get_num_threads() == 2  # the caller's thread count is given back
+    finally:
+        torch.set_num_threads(threads)
     assert rows[0]['teacher-softmax max abs err'] == 0.5
     assert rows[0]['vit-elu max abs err'] == 0.25
     assert rows[0]['vit-elu ort ms'] == 10.0

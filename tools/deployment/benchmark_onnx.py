@@ -82,7 +82,16 @@ def build(name: str, arch: str) -> nn.Module:
 
 def main(argv: Optional[List[str]] = None) -> List[Dict[str, object]]:
     args = parse_args(argv)
+    previous_threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
+    try:
+        return run_benchmark(args)
+    finally:  # an in-process caller keeps its own thread count
+        torch.set_num_threads(previous_threads)
+
+
+def run_benchmark(args: argparse.Namespace) -> List[Dict[str, object]]:
+    """Exports, checks and times every model at every size; prints the table."""
     names = [TEACHER] + args.students
     tmp = None if args.work_dir else tempfile.TemporaryDirectory()
     work_dir = args.work_dir or tmp.name
