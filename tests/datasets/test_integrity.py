@@ -47,7 +47,7 @@ def _load(img_path: str, seg_path: str, color_type: str):
 
 def test_rotated_jpeg_with_stored_label_map_is_reported(tmp_path):
     img_path, seg_path = _write_pair(tmp_path, orientation=6)
-    problems = check_sample(img_path, seg_path, ImageDecoding(color_type, backend))
+    problems = check_sample(img_path, seg_path)
     assert len(problems) == 1 and problems[0][0] == seg_path
     reason = problems[0][1]
     assert 'EXIF Orientation=6' in reason and 'rotated 90 degrees clockwise' in reason
@@ -66,7 +66,7 @@ def test_rotated_jpeg_with_stored_label_map_is_reported(tmp_path):
 @pytest.mark.parametrize('orientation', [2, 3, 5, 7, 8])
 def test_every_turning_orientation_is_reported(tmp_path, orientation):
     img_path, seg_path = _write_pair(tmp_path, orientation=orientation)
-    problems = check_sample(img_path, seg_path, ImageDecoding(color_type, backend))
+    problems = check_sample(img_path, seg_path)
     assert len(problems) == 1 and f'EXIF Orientation={orientation}' in problems[0][1]
 
 
