@@ -1,13 +1,17 @@
 """EXIF orientations: mirrored / rotated-180 / flipped images next to a label map of the
 stored size are reported; a transposed (5) image whose label map has the displayed size pairs
-up."""
+up.  (The images have a bright top-left quadrant: a flip must change their pixels, else
+the pipeline's image equals the stored one and the pair is fine.)"""
+import numpy as np
 import pytest
 from PIL import Image
 from mmlinvit.datasets.integrity import check_sample
 
 
 def _write(path, size, orientation=None):
-    img = Image.new('RGB' if orientation else 'L', size)
+    pixels = np.zeros((size[1], size[0], 3), np.uint8)
+    pixels[:size[1] // 2, :size[0] // 2] = 255
+    img = Image.fromarray(pixels if orientation else pixels[..., 0])
     if orientation:
         exif = Image.Exif()
         exif[0x0112] = orientation
