@@ -133,7 +133,6 @@ class LayerDecayOptimWrapperConstructor(DefaultOptimWrapperConstructor):
         """
         depths = self.layer_depths(module)
         groups: Dict[str, dict] = {}
-        base_wd = self.base_wd or 0.0
         for name, param in module.named_parameters():
             if not param.requires_grad:  # frozen (a distillation teacher): as mmpretrain
                 continue
@@ -148,8 +147,11 @@ class LayerDecayOptimWrapperConstructor(DefaultOptimWrapperConstructor):
                     group_name=key,
                     layer_depth=depth,
                     lr_scale=scale,
-                    lr=self.base_lr * scale,
-                    weight_decay=0.0 if no_decay else base_wd)
+                    lr=self.base_lr * scale)
+                if no_decay:
+                    groups[key]['weight_decay'] = 0.0
+                elif self.base_wd is not None:  # else the optimizer's default, as mmengine
+                    groups[key]['weight_decay'] = self.base_wd
             groups[key]['params'].append(param)
             groups[key]['param_names'].append(name)
         ordered = sorted(groups.values(), key=lambda g: (g['layer_depth'], g['group_name']))
