@@ -10,11 +10,26 @@ of the current :class:`mmengine.logging.MMLogger`; they still propagate as befor
 once, ``pytest``'s ``caplog`` and any handler a user put on the root logger keep working).
 """
 import logging
+from typing import Optional
 
 from mmengine.logging import MMLogger
 
 #: The logger every mmlinvit module logs under.
 LOGGER_NAME = 'mmlinvit'
+
+
+def _other_handlers(name: str) -> bool:
+    """Whether a record of logger ``name`` meets a handler other than the forwarder on its way
+    up (Python's own test for its last-resort handler, which stops where ``propagate`` is off).
+    """
+    logger: Optional[logging.Logger] = logging.getLogger(name)
+    while logger is not None:
+        if any(not isinstance(h, MMLoggerForwarder) for h in logger.handlers):
+            return True
+        if not logger.propagate:
+            return False
+        logger = logger.parent
+    return False
 
 
 class MMLoggerForwarder(logging.Handler):
@@ -23,8 +38,8 @@ class MMLoggerForwarder(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         # Being a handler, this one stops Python from printing WARNINGs on stderr by itself
         # (its last-resort handler runs only when no logger on the way has a handler): do it
-        # here when the application configured no root handler, as before the forwarding.
-        if not logging.getLogger().handlers and logging.lastResort is not None and \
+        # here when the record meets no other handler on its way up, as before the forwarding.
+        if not _other_handlers(record.name) and logging.lastResort is not None and \
                 record.levelno >= logging.lastResort.level:
             logging.lastResort.handle(record)
         if not MMLogger._instance_dict:  # no Runner / tool logger yet: nothing to add

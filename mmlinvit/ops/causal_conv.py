@@ -39,7 +39,8 @@ def causal_depthwise_conv1d(x: torch.Tensor, weight: torch.Tensor,
     Returns:
         The layout of x, in the wider of the dtypes of x and the weight: 16-bit x with fp32
         parameters (autocast) is summed with the fp32 weights in fp32, as the official
-        ``causal_conv1d`` kernel does, and rounded once by the caller (after the SiLU).
+        ``causal_conv1d`` kernel does, and rounded once by the caller (after the SiLU);
+        16-bit x and weights are summed in fp32 too and rounded once to 16 bits.
 
     Raises:
         ValueError: shapes that do not form a depthwise convolution.
@@ -57,11 +58,14 @@ def causal_depthwise_conv1d(x: torch.Tensor, weight: torch.Tensor,
     taps = weight.shape[-1]
     length = x.shape[token_dim]
     acc = torch.promote_types(x.dtype, weight.dtype)
+    # Summed in fp32 at least and rounded once to ``acc`` (16-bit x and weights: the official
+    # causal_conv1d kernel and nn.Conv1d accumulate in fp32 too, not one rounding per tap).
+    work = torch.promote_types(acc, torch.float32)
     # Per-tap weights broadcast over the tokens: (K, C) rows or (K, C, 1) columns.
-    w = weight[:, 0].t().to(acc)
+    w = weight[:, 0].t().to(work)
     if not channels_last:
         w = w.unsqueeze(-1)
-    b = None if bias is None else bias.to(acc)
+    b = None if bias is None else bias.to(work)
     if b is not None and not channels_last:
         b = b[:, None]
     if capturing_graph():  # out-of-place ops only (no slice updates in ONNX / export graphs)
@@ -72,17 +76,17 @@ def causal_depthwise_conv1d(x: torch.Tensor, weight: torch.Tensor,
             y = y + b
         for shift in range(1, taps):
             y = y + padded.narrow(token_dim, taps - 1 - shift, length) * w[taps - 1 - shift]
-        return y
+        return y.to(acc)
     needs_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (x, weight, bias))
     if needs_grad:  # whole-tensor passes, one graph node per tap
         y = x * w[taps - 1] if b is None else torch.addcmul(b, x, w[taps - 1])
         _add_shifted_taps(y, x, w, token_dim, 0, length)
-        return y
+        return y.to(acc)
     # Without autograd, blocks of tokens small enough to stay in cache while the K taps pass
     # over them (1.6 vs 4.4 ms for the shapes above).  Every element sees the same
     # operations in the same order as in the whole-tensor form.
-    y = torch.empty(x.shape, dtype=acc, device=x.device)
+    y = torch.empty(x.shape, dtype=work, device=x.device)
     for start in range(0, length, CACHE_BLOCK_TOKENS):
         stop = min(length, start + CACHE_BLOCK_TOKENS)
         out = y.narrow(token_dim, start, stop - start)
@@ -92,7 +96,7 @@ def causal_depthwise_conv1d(x: torch.Tensor, weight: torch.Tensor,
         else:
             torch.addcmul(b, cur, w[taps - 1], out=out)
         _add_shifted_taps(y, x, w, token_dim, start, stop)
-    return y
+    return y.to(acc)
 
 
 def _add_shifted_taps(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, token_dim: int,

@@ -64,7 +64,11 @@ class NameRegistry:
 
         Raises:
             KeyError: naming the unknown entry and listing the registered ones.
+            TypeError: ``name`` is not a string (e.g. a class given as ``type``).
         """
+        if not isinstance(name, str):
+            raise TypeError(f'A {self.kind} type must be the registered name of one (one of '
+                            f'{", ".join(self.names)}), got {name!r}')
         if name.startswith('mmlinvit.'):
             name = name[len('mmlinvit.'):]
         if name not in self._entries:

@@ -17,9 +17,12 @@ backbone weights) and a linear operator, the tool
    with :class:`mmlinvit.analysis.FlopCounter`, convention FLOPs = 2 x MACs);
 3. proposes one hybrid per budget k = 0..L (keep the k most sensitive layers softmax,
    linearize the rest): predicted time and FLOPs (teacher minus the per-layer savings),
-   measured time of the hybrid, and its measured feature gap.  Because teacher forcing makes
-   every layer's Stage-1 loss depend on that layer alone, the hybrid assembled from the
-   per-layer aligned attention weights is exactly what a Stage 1 of that hybrid gives;
+   measured time of the hybrid, and its measured feature gap.  Teacher forcing makes every
+   layer's Stage-1 loss depend on that layer alone, so the hybrid assembled from the
+   per-layer aligned attention weights stands in for a Stage 1 of that hybrid; it is not
+   that Stage 1 bit for bit (layer i is aligned on its own batch stream, seed + i, and a
+   joint Stage 1 averages the block losses, which Adam's epsilon does not see through:
+   measured 0.91 and 0.18 of the joint update apart on a tiny model);
 4. picks the largest k whose predicted time fits ``--time-budget`` (a fraction of the
    teacher's time) or the given ``--keep k``, and writes a config that inherits CONFIG and
    sets ``model.backbone`` to the hybrid ``LinearVisionTransformer`` (``--out-config``).
@@ -157,6 +160,18 @@ def build_backbone(backbone_cfg: dict, attn_cfg, checkpoint: Optional[str]) -> V
     return model
 
 
+def check_budgets(args: argparse.Namespace, num_layers: int) -> None:
+    """Refuses ``--keep`` / ``--pareto-ks`` outside 0..L before any work: they index the
+    L + 1 hybrids (a bare IndexError after the whole analysis, or -1 silently the all-softmax
+    hybrid labelled "keep -1", otherwise)."""
+    for flag, ks in (('--keep', [] if args.keep is None else [args.keep]),
+                     ('--pareto-ks', args.pareto_ks or [])):
+        for k in ks:
+            if not 0 <= k <= num_layers:
+                raise ValueError(f'{flag} {k} is out of range: the model has {num_layers} '
+                                 f'layers (k = 0..{num_layers})')
+
+
 # ----------------------------------------------------------------------------- data
 def load_batches(cfg, split: str, count: int, seed: int) -> torch.Tensor:
     """``count`` preprocessed images (B, 3, H, W) from the config's ``<split>_dataloader``,
@@ -278,6 +293,7 @@ def main(argv: Optional[List[str]] = None) -> dict:
         args.align_iters, args.eval_images, args.repeats = 2, 4, 1
 
     teacher = build_backbone(backbone_cfg, 'softmax', args.checkpoint).eval()
+    check_budgets(args, teacher.num_layers)
     for p in teacher.parameters():
         p.requires_grad_(False)
     train_images = load_batches(cfg, 'train', max(16, args.eval_images), args.seed)

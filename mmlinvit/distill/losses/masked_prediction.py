@@ -45,7 +45,7 @@ class MaskedPredictionLoss(nn.Module):
             raise ValueError('MaskedPredictionLoss needs a patch_mask; enable patch_masking '
                              'in the DistillationModel and map context.patch_mask')
         s = patch_tokens(student_feats, student_token_layout, 'student_feats')
-        t = patch_tokens(teacher_feats.detach(), teacher_token_layout, 'teacher_feats')
+        t = patch_tokens(teacher_feats, teacher_token_layout, 'teacher_feats').detach()
         check_same_shape(s, t, 'MaskedPredictionLoss',
                          'project the student width with a connector (e.g. LinearConnector)'
                          if s.shape[:2] == t.shape[:2] else None)

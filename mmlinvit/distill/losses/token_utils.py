@@ -75,6 +75,9 @@ def patch_tokens(tokens: torch.Tensor, layout: Sequence[int], name: str) -> torc
         name: Record name, for the error message.
     """
     prefix, suffix = check_layout(layout, f'the token layout of {name}')
+    if not isinstance(tokens, torch.Tensor):
+        raise TypeError(f'{name} must be one (B, N, C) token tensor, got '
+                        f'{type(tokens).__name__}')
     if tokens.ndim != 3:
         raise ValueError(f'{name} must be (B, N, C) tokens, got shape {tuple(tokens.shape)}')
     if prefix + suffix >= tokens.shape[1]:
