@@ -142,7 +142,9 @@ def test_cityscapes_1024_pads_short_crops_to_the_whole_crop():
     cfg = Config.fromfile(osp.join(
         REPO, 'configs', 'segmentation',
         'mask2former_adala-dinov2-l-elu_8xb1-80k_cityscapes-1024x1024.py'))
-    pre = MODELS.build(cfg.model.data_preprocessor).train()
+    from mmengine.registry import DefaultScope
+    with DefaultScope.overwrite_default_scope('mmseg'):  # whatever scope is current
+        pre = MODELS.build(cfg.model.data_preprocessor).train()
     sample = SegDataSample(gt_sem_seg=PixelData(data=torch.zeros(1, 614, 1024, dtype=torch.long)))
     out = pre(dict(inputs=[torch.zeros(3, 614, 1024, dtype=torch.uint8)],
                    data_samples=[sample]), training=True)

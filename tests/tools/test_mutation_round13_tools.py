@@ -551,7 +551,10 @@ def test_count_flops_two_pic_crop_size_is_its_output_size(count_flops: Any) -> N
         interpolation='bicubic',
         second_interpolation='lanczos',
         scale=(0.2, 1.0))
-    first = TRANSFORMS.build(dict(step))(dict(img=np.zeros((300, 400, 3), np.uint8)))['img'][0]
+    from mmengine.registry import DefaultScope
+    with DefaultScope.overwrite_default_scope('mmpretrain'):  # whatever scope is current
+        first = TRANSFORMS.build(dict(step))(
+            dict(img=np.zeros((300, 400, 3), np.uint8)))['img'][0]
     cfg = Config(dict(train_dataloader=dict(dataset=dict(pipeline=[step]))))
     assert count_flops.config_input_size(cfg) == first.shape[:2] == (224, 224)
 
