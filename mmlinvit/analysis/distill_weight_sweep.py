@@ -85,9 +85,32 @@ def load_results(path: str) -> List[dict]:
     sweeps sharing a work dir recorded the same run, the last record counts."""
     if not osp.isfile(path):
         return []
+    records = []
     with open(path) as f:
-        records = [json.loads(line) for line in f if line.strip()]
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise ValueError(f'{path}:{number} is not JSON ({err}); a run stopped while '
+                                 f'writing it? Delete that line (its run is redone)') from err
     return list({record_key(r): r for r in records}.values())
+
+
+def drop_partial_last_line(path: str) -> Optional[str]:
+    """Cuts an unfinished last line (no newline: a sweep stopped while appending it) off
+    ``path``, so that resuming redoes that run and appends after whole lines; returns the
+    dropped text (``None`` when the file ends with a whole line or does not exist)."""
+    if not osp.isfile(path):
+        return None
+    with open(path, 'rb+') as f:
+        data = f.read()
+        if not data or data.endswith(b'\n'):
+            return None
+        keep = data.rfind(b'\n') + 1
+        f.truncate(keep)
+    return data[keep:].decode('utf-8', errors='replace')
 
 
 def _task_table(task: str, results: Sequence[dict], settings: Sequence[Setting],

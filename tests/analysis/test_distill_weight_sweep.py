@@ -58,3 +58,22 @@ def test_load_results_keeps_the_last_record_of_a_run(tmp_path):
                _record('copy', 'raw', 50.0, 1, 3.0)]
     path.write_text(''.join(json.dumps(r) + '\n' for r in records) + '\n')
     assert sorted(r['score'] for r in load_results(str(path))) == [2.0, 3.0]
+
+
+def test_a_sweep_stopped_mid_line_resumes_after_whole_lines(tmp_path):
+    """A sweep stopped while appending leaves a last line without its newline: resuming cut it
+    off (its run is redone) instead of stopping on a bare JSONDecodeError or appending the
+    next record onto it; a broken line elsewhere names the file and the line."""
+    from mmlinvit.analysis.distill_weight_sweep import drop_partial_last_line
+    path = tmp_path / 'results.jsonl'
+    whole = json.dumps(_record('copy', 'raw', 50, 0, 1.0)) + '\n'
+    partial = json.dumps(_record('copy', 'raw', 50, 1, 2.0))[:25]
+    path.write_text(whole + partial)
+    assert drop_partial_last_line(str(path)) == partial
+    assert path.read_text() == whole
+    assert drop_partial_last_line(str(path)) is None  # whole lines are kept
+    assert drop_partial_last_line(str(tmp_path / 'none.jsonl')) is None
+    assert [r['score'] for r in load_results(str(path))] == [1.0]
+    path.write_text(partial + '\n' + whole)
+    with pytest.raises(ValueError, match=r'results\.jsonl:1 is not JSON'):
+        load_results(str(path))

@@ -56,7 +56,8 @@ sys.path.insert(0, REPO)
 from mmlinvit.analysis import attention_output_stats  # noqa: E402
 from mmlinvit.analysis.digits_distill import prepare_digits, run_digits  # noqa: E402
 from mmlinvit.analysis.distill_weight_sweep import (INIT_LABELS, LOSS_TYPES,  # noqa: E402
-                                                    Setting, build_distill_loss, load_results,
+                                                    Setting, build_distill_loss,
+                                                    drop_partial_last_line, load_results,
                                                     record_key, run_key, setting_label,
                                                     summarise, sweep_settings)
 from mmlinvit.engine.resume import last_checkpoint_target  # noqa: E402
@@ -260,6 +261,10 @@ def main(argv: Optional[List[str]] = None) -> str:
     os.makedirs(work_dir, exist_ok=True)
     results_file = osp.join(work_dir, 'results.jsonl')
     settings = settings_of(args)
+    dropped = drop_partial_last_line(results_file)
+    if dropped is not None:
+        print(f'[sweep] {results_file}: dropped an unfinished last line (its run is redone): '
+              f'{dropped[:80]!r}', flush=True)
     done = {record_key(r) for r in load_results(results_file)}
     teachers: Dict[str, dict] = {}
     for task in args.tasks:
