@@ -25,10 +25,9 @@ the config wherever it can be asked cheaply, else a value worked out by hand in 
   ``SegDataPreProcessor`` run on a crop).
 """
 import inspect
-import logging
 import os
 import os.path as osp
-from typing import Iterator, List, Optional, Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 import pytest
@@ -43,7 +42,8 @@ from mmlinvit.engine.config_consistency import (ConfigConsistencyError,
                                                 label_range_problems)
 from mmlinvit.engine.pad_size_check import find_pad_size_problem
 
-from train_testing import captured_log
+from test_mutation_round11_config_consistency import (_names, _reported_keys, _seg_cfg,
+                                                     _seg_dataset, _seg_model)
 
 pytestmark = pytest.mark.usefixtures('one_thread')
 
@@ -75,44 +75,6 @@ def _label_maps(root: str, maps: Sequence[Sequence[int]], split: str = 'train',
         Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(
             osp.join(images, f'{i:03d}{img_suffix}'))
     return root
-
-
-def _seg_dataset(root: str, split: str = 'train', dataset_type='BaseSegDataset',
-                 classes: Optional[Sequence[str]] = None, **extra) -> dict:
-    dataset = dict(type=dataset_type, data_root=root, pipeline=[], img_suffix='.png',
-                   seg_map_suffix='.png',
-                   data_prefix=dict(img_path=f'img/{split}', seg_map_path=f'ann/{split}'))
-    if classes is not None:
-        dataset['metainfo'] = dict(classes=tuple(classes))
-    dataset.update(extra)
-    return dataset
-
-
-def _names(count: int) -> List[str]:
-    return [f'c{i}' for i in range(count)]
-
-
-def _seg_model(num_classes: int, **head) -> dict:
-    return dict(type='EncoderDecoder',
-                data_preprocessor=dict(type='SegDataPreProcessor', seg_pad_val=255),
-                decode_head=dict(type='UPerHead', num_classes=num_classes, **head))
-
-
-def _seg_cfg(model: dict, train: Optional[dict] = None, **parts) -> Config:
-    if train is not None:
-        parts['train_dataloader'] = dict(dataset=train)
-    return Config(dict(default_scope='mmseg', model=model, **parts))
-
-
-def _reported_keys(evaluator: dict) -> List[str]:
-    """The metric names mmseg's IoUMetric (through mmengine's ``BaseMetric.evaluate``)
-    reports for this evaluator config, in its order."""
-    from mmseg.evaluation import IoUMetric
-    metric = IoUMetric(**{k: v for k, v in evaluator.items() if k != 'type'})
-    metric.dataset_meta = dict(classes=('a', 'b'))
-    area = torch.tensor([2.0, 3.0])
-    metric.results = [(area, area + 1, area, area)]
-    return list(metric.evaluate(1))
 
 
 def _save_best_cfg(save_best, evaluator) -> Config:
