@@ -92,6 +92,8 @@ class CheckFiniteHook(Hook):
             this (from the default 65536, about 29 skipped steps without a good one between).
         max_skipped_steps: With ``AmpOptimWrapper``: stop after this many optimizer steps in
             a row that the loss scaler skipped (non-finite gradients), whatever the scale.
+            Counted for a single ``AmpOptimWrapper`` only; with an ``OptimWrapperDict`` (no
+            mmlinvit config uses one) ``min_loss_scale`` still watches each wrapper's scale.
     """
 
     priority = 'ABOVE_NORMAL'
