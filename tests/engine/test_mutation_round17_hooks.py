@@ -35,7 +35,6 @@ import torch.nn as nn
 from mmengine.fileio import LocalBackend
 from mmengine.hooks import Hook
 from mmengine.logging import MessageHub
-from mmengine.model import BaseModel
 from mmengine.runner import EpochBasedTrainLoop, IterBasedTrainLoop
 
 from mmlinvit.engine.hooks import (AtomicCheckpointHook, CheckFiniteHook, DistillLossScheduleHook,
@@ -43,6 +42,7 @@ from mmlinvit.engine.hooks import (AtomicCheckpointHook, CheckFiniteHook, Distil
 from mmlinvit.engine.hooks import atomic_checkpoint_hook, random_state_hook
 from mmlinvit.engine.hooks.check_finite_hook import _as_float
 
+from test_mutation_round9_hooks import _Points, _ToyModel
 from train_testing import captured_log
 
 pytestmark = pytest.mark.usefixtures('one_thread')
@@ -96,31 +96,6 @@ def _atomic_hook(out_dir: str) -> AtomicCheckpointHook:
     hook = AtomicCheckpointHook(by_epoch=False, interval=1)
     hook.out_dir, hook.file_backend = out_dir, LocalBackend()
     return hook
-
-
-class _Points(torch.utils.data.Dataset):
-    """``length`` two-dimensional points."""
-
-    def __init__(self, length: int) -> None:
-        self.length = length
-
-    def __len__(self) -> int:
-        return self.length
-
-    def __getitem__(self, index: int) -> dict:
-        return dict(inputs=torch.tensor([float(index), 1.0]))
-
-
-class _ToyModel(BaseModel):
-    """One linear layer; the loss is its squared output."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.linear = nn.Linear(2, 1)
-
-    def forward(self, inputs, data_samples=None, mode: str = 'tensor'):
-        out = self.linear(inputs)
-        return dict(loss=out.pow(2).mean()) if mode == 'loss' else out
 
 
 def _train_toy(work_dir: str, checkpoint_hook: Hook) -> None:

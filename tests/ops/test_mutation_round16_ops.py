@@ -34,6 +34,8 @@ from mmlinvit.ops.linear_attention import (inline_attention_torch, linear_attent
                                            torch_impl)
 from mmlinvit.ops.linear_attention.torch_impl import chunk_tokens
 
+from triton_testing import _CollectMessages
+
 pytestmark = pytest.mark.usefixtures('one_thread')
 
 
@@ -260,22 +262,11 @@ def test_inline_output_has_the_dtype_of_v(q_dtype: torch.dtype, v_dtype: torch.d
 
 
 # ======================================================================== backend choice
-class _Messages(logging.Handler):
-    """Keeps the messages of every record it sees."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.messages: List[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-
 @contextlib.contextmanager
 def _mmlinvit_log() -> Iterator[List[str]]:
     """INFO messages of the ``mmlinvit`` logger inside the block (level and handlers restored)."""
     log = logging.getLogger('mmlinvit')
-    handler, old_level = _Messages(), log.level
+    handler, old_level = _CollectMessages(), log.level
     log.addHandler(handler)
     log.setLevel(logging.INFO)
     try:
