@@ -47,7 +47,9 @@ from typing import Any, Iterator, List, Optional, Tuple
 from mmengine.fileio import list_from_file
 from mmengine.logging import print_log
 
-from .preflight import PreflightError, _iter_datasets, _strip_scope, _type_scope
+from mmlinvit.utils.config_types import config_type_name
+
+from .preflight import PreflightError, _iter_datasets, _type_scope
 
 
 class ConfigConsistencyError(PreflightError, ValueError):
@@ -56,7 +58,7 @@ class ConfigConsistencyError(PreflightError, ValueError):
 
 #: Metric names each evaluator reports, by evaluator type (scope removed).
 def _metric_keys(evaluator: dict) -> Optional[List[str]]:
-    kind = _strip_scope(evaluator.get('type'))
+    kind = config_type_name(evaluator.get('type'))
     if kind == 'IoUMetric':  # mmseg's total_area_to_metrics: what each metric adds
         adds = {'mIoU': ['mIoU', 'mAcc'], 'mDice': ['mDice', 'mAcc'],
                 'mFscore': ['mFscore', 'mPrecision', 'mRecall']}
@@ -86,7 +88,7 @@ def _walk(node: Any, where: str) -> Iterator[Tuple[str, dict]]:
 def _heads(model: Any) -> Iterator[Tuple[str, dict]]:
     """(location, config) of every head with ``num_classes`` in the model config."""
     for where, node in _walk(model, 'model'):
-        kind = _strip_scope(node.get('type'))
+        kind = config_type_name(node.get('type'))
         if 'num_classes' in node and isinstance(kind, str) and kind.endswith('Head'):
             yield where, node
 
@@ -95,7 +97,7 @@ def _dataset_class(type_name: Any) -> Optional[type]:
     """The registered dataset class of a config ``type`` (mmseg's or mmpretrain's)."""
     if not isinstance(type_name, str):
         return type_name if isinstance(type_name, type) else None
-    name = _strip_scope(type_name)
+    name = config_type_name(type_name)
     for package in ('mmseg.datasets', 'mmpretrain.datasets'):  # fill the registries
         importlib.import_module(package)
     from mmpretrain.registry import DATASETS as CLS_DATASETS
@@ -187,14 +189,14 @@ def _class_count_problems(cfg: Any, mode: str = 'train') -> List[str]:
                       else 'scored')
             problems.append(
                 f'{where}.num_classes={n}, but {data_where} (type '
-                f'{_strip_scope(dataset.get("type"))}) has {count[0]} classes ({count[1]}): '
+                f'{config_type_name(dataset.get("type"))}) has {count[0]} classes ({count[1]}): '
                 f'the head would be {scored} over the wrong classes. Fix: set '
                 f'{where}.num_classes={count[0]} (re-state the head in the config: a base\'s '
                 f'top-level num_classes variable is evaluated in the base), or give the data set '
                 f'its classes (metainfo=dict(classes=...)) and type')
         loss_cls = head.get('loss_cls', None)
         weight = loss_cls.get('class_weight', None) if isinstance(loss_cls, dict) else None
-        if (_strip_scope(head.get('type')) in ('MaskFormerHead', 'Mask2FormerHead')
+        if (config_type_name(head.get('type')) in ('MaskFormerHead', 'Mask2FormerHead')
                 and isinstance(weight, (list, tuple)) and len(weight) != n + 1):
             problems.append(
                 f'{where}.loss_cls.class_weight has {len(weight)} entries but num_classes={n} '
@@ -255,7 +257,7 @@ def _evaluation_problems(cfg: Any, mode: str) -> List[str]:
     key = 'val_evaluator' if mode == 'train' else 'test_evaluator'
     evaluator = cfg.get(key, None) or []
     for i, metric in enumerate(evaluator if isinstance(evaluator, (list, tuple)) else [evaluator]):
-        if not isinstance(metric, dict) or _strip_scope(metric.get('type')) != 'Accuracy':
+        if not isinstance(metric, dict) or config_type_name(metric.get('type')) != 'Accuracy':
             continue
         topk = metric.get('topk', (1, ))
         topk = [topk] if isinstance(topk, int) else list(topk)
@@ -312,8 +314,8 @@ def _save_best_problem(cfg: Any) -> Optional[str]:
         return None
     suggestion = keys[1] if len(keys) > 1 else keys[0]
     return (f'default_hooks.checkpoint.save_best={save_best!r} names {missing}, which '
-            f'val_evaluator ({_strip_scope(evaluator.get("type"))}) does not report (it reports '
-            f'{keys}): the run would stop with KeyError at the first validation. Fix: '
+            f'val_evaluator ({config_type_name(evaluator.get("type"))}) does not report '
+            f'(it reports {keys}): the run would stop with KeyError at the first validation. Fix: '
             f'--cfg-options default_hooks.checkpoint.save_best={suggestion} (or save_best=auto)')
 
 
@@ -403,7 +405,7 @@ def _ignore_index_problems(cfg: Any, mode: str) -> Tuple[List[str], List[str]]:
     heads = set(ignored.values())
     pre = _preprocessor(cfg)
     errors, warnings = [], []
-    if not heads or pre is None or _strip_scope(pre[1].get('type')) != 'SegDataPreProcessor':
+    if not heads or pre is None or config_type_name(pre[1].get('type')) != 'SegDataPreProcessor':
         return errors, warnings
     pad = pre[1].get('seg_pad_val', 255)
     if mode == 'train' and pad not in heads:
@@ -491,7 +493,7 @@ def label_range_problems(cfg: Any, mode: str) -> List[str]:
                     LABEL_CONFIRM_SAMPLE
             if not beyond:
                 continue
-            kind = _strip_scope(dataset.get('type'))
+            kind = config_type_name(dataset.get('type'))
             hint = ('these look like Cityscapes label ids (0..33), not train ids (0..18): '
                     'generate the *_gtFine_labelTrainIds.png files with mmseg\'s '
                     'tools/dataset_converters/cityscapes.py (cityscapesscripts) and keep '
@@ -635,11 +637,11 @@ def _channel_order_warning(cfg: Any) -> Optional[str]:
     if not found or not pre:
         return None
     pipeline = found[0].get('pipeline', None) or []
-    loads_files = any(isinstance(t, dict) and _strip_scope(t.get('type')) == 'LoadImageFromFile'
+    loads_files = any(isinstance(t, dict) and config_type_name(t.get('type')) == 'LoadImageFromFile'
                       for t in pipeline)
     # mmpretrain's ClsDataPreprocessor (the type ImageClassifier gives an untyped one) reads
     # to_rgb; mmseg's / mmengine's read bgr_to_rgb
-    classifier = _strip_scope(pre[1].get('type')) in ('', 'ClsDataPreprocessor')
+    classifier = config_type_name(pre[1].get('type')) in ('', 'ClsDataPreprocessor')
     key = 'bgr_to_rgb' if 'bgr_to_rgb' in pre[1] else \
         'to_rgb' if 'to_rgb' in pre[1] or classifier else 'bgr_to_rgb'
     # unset is no swap too: the default of mmseg's, mmpretrain's and mmengine's preprocessors
@@ -705,14 +707,14 @@ def _schedule_warnings(cfg: Any, train_samples: Optional[int] = None) -> List[st
             begin = sched.get('begin', 0)
             if isinstance(end, (int, float)) and end > limit:
                 warnings.append(
-                    f'param_scheduler[{i}] ({_strip_scope(sched.get("type"))}) ends at {end} but '
-                    f'{_limit_text(limit_key, limit)}: the run stops before its schedule does '
-                    f'(the learning rate never reaches its end value). Fix: re-state '
+                    f'param_scheduler[{i}] ({config_type_name(sched.get("type"))}) ends at '
+                    f'{end} but {_limit_text(limit_key, limit)}: the run stops before its '
+                    f'schedule does (the learning rate never reaches its end value). Fix: re-state '
                     f'param_scheduler with end={limit} (base variables are evaluated in the '
                     f'base{EPOCH_FORM if "=" in limit_key else ""}).')
             elif isinstance(begin, (int, float)) and begin >= limit:
                 warnings.append(
-                    f'param_scheduler[{i}] ({_strip_scope(sched.get("type"))}) begins at '
+                    f'param_scheduler[{i}] ({config_type_name(sched.get("type"))}) begins at '
                     f'{begin}, at or after {_limit_text(limit_key, limit)}: it never runs (the '
                     f'whole run is warm-up). Fix: re-state param_scheduler for {limit}.')
     return warnings
@@ -734,7 +736,7 @@ def _unused_blocks_warning(cfg: Any) -> Optional[str]:
     backbone = model.get('backbone', None)
     if not isinstance(backbone, dict):
         return None
-    kind = _strip_scope(backbone.get('type'))
+    kind = config_type_name(backbone.get('type'))
     scope = _type_scope(backbone.get('type')) or cfg.get('default_scope', None)
     out_indices = backbone.get('out_indices', None)
     # mmlinvit's backbones only: mmseg's / mmpretrain's VisionTransformer read other arguments

@@ -25,9 +25,10 @@ from mmengine.runner import Runner
 
 from mmlinvit.config_scopes import register_config_scopes
 from mmlinvit.converters.checkpoint_file import CheckpointFileError, check_checkpoint_file
+from mmlinvit.utils.config_types import config_type_name
 
 from .accumulation import AmpDeviceError, adapt_to_accumulation, check_amp_device
-from .preflight import _strip_scope, check_inputs, clear_checkpoints
+from .preflight import check_inputs, clear_checkpoints
 from .resume import check_resume_or_load_from, resume_randomness, warn_changed_resume_config
 
 #: ``--launcher`` choices (mmengine's).
@@ -352,7 +353,7 @@ def prepare_train_config(cfg: Config,
             checkpoint['save_best'] = None
     if amp:
         given = cfg.optim_wrapper.get('type', 'OptimWrapper')
-        wrapper = _strip_scope(given)  # 'mmengine.OptimWrapper' builds the same class
+        wrapper = config_type_name(given)  # 'mmengine.OptimWrapper' builds the same class
         if wrapper == 'AmpOptimWrapper':
             print_log('AMP is already enabled in the config', logger='current',
                       level=logging.WARNING)
@@ -363,7 +364,8 @@ def prepare_train_config(cfg: Config,
             cfg.optim_wrapper.setdefault('loss_scale', 'dynamic')
     wrapper = cfg.get('optim_wrapper', None) or {}
     for key in ('dtype', 'loss_scale'):  # AmpOptimWrapper's options: OptimWrapper refuses them
-        if key in wrapper and _strip_scope(wrapper.get('type', 'OptimWrapper')) == 'OptimWrapper':
+        wrapper_type = config_type_name(wrapper.get('type', 'OptimWrapper'))
+        if key in wrapper and wrapper_type == 'OptimWrapper':
             raise ValueError(f'optim_wrapper.{key}={wrapper[key]!r} is an option of mixed '
                              f'precision (AmpOptimWrapper); add --amp to train with it, or '
                              f'drop it to train in fp32')
@@ -576,8 +578,8 @@ def enable_tta(cfg: Config) -> None:
         module['data_preprocessor'] = top
     cfg.test_dataloader.dataset.pipeline = cfg.tta_pipeline
     cfg.model = dict(cfg.tta_model, module=module, data_preprocessor=None)
-    print_log(f'--tta: evaluating {_strip_scope(module.get("type"))} through '
-              f'{_strip_scope(cfg.tta_model.get("type"))} '
+    print_log(f'--tta: evaluating {config_type_name(module.get("type"))} through '
+              f'{config_type_name(cfg.tta_model.get("type"))} '
               f'with the tta_pipeline ({len(cfg.tta_pipeline)} transforms)', logger='current',
               level=logging.INFO)
 

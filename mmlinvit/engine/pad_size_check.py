@@ -10,7 +10,9 @@ of smaller images), which stop the first such batch with a bare torch message.
 """
 from typing import Any, Iterator, Optional, Tuple
 
-from .preflight import PreflightError, _iter_datasets, _strip_scope
+from mmlinvit.utils.config_types import config_type_name
+
+from .preflight import PreflightError, _iter_datasets
 
 #: Pipeline transforms that fix the training crop, and the argument that holds it (mmseg's
 #: ``RandomCrop``, mmpretrain's ``RandomResizedCrop``).
@@ -49,7 +51,7 @@ def _train_crops(cfg: Any) -> Iterator[Tuple[str, Tuple[int, int]]]:
         for i, transform in enumerate(dataset.get('pipeline', None) or []):
             if not isinstance(transform, dict):
                 continue
-            key = CROP_TRANSFORMS.get(_strip_scope(transform.get('type')))
+            key = CROP_TRANSFORMS.get(config_type_name(transform.get('type')))
             if key is not None and transform.get(key) is not None:
                 yield f'{where}.pipeline[{i}].{key}', _pair(transform[key])
 

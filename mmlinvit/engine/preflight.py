@@ -30,6 +30,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 from mmengine.logging import print_log
 
 from mmlinvit.datasets.pairing import CITYSCAPES_TRAIN_ID_SUFFIX, pair_dataset_files
+from mmlinvit.utils.config_types import config_type_name
 
 #: Config keys whose string value is a local checkpoint path.
 CHECKPOINT_KEYS = ('pretrained', 'checkpoint', 'teacher_checkpoint', 'teacher_ckpt',
@@ -110,14 +111,6 @@ SYNC_BATCH_NORMS = ('SyncBN', 'MMSyncBN', 'NaiveSyncBN')
 #: Config keys of the heads that are trained on the task loss (mmseg's decode / auxiliary
 #: heads, mmpretrain's classifier ``head``).
 HEAD_KEYS = ('decode_head', 'auxiliary_head', 'head')
-
-
-def _strip_scope(type_name: Any) -> str:
-    """The class name a config ``type`` names: ``'UPerHead'`` for ``'UPerHead'``,
-    ``'mmseg.UPerHead'`` or the class itself (pure-Python configs); ``''`` for anything else."""
-    if isinstance(type_name, type):
-        return type_name.__name__
-    return type_name.split('.')[-1] if isinstance(type_name, str) else ''
 
 
 def _type_scope(type_name: Any) -> Optional[str]:
@@ -203,7 +196,7 @@ def _iter_checkpoints(node: Any, where: str) -> Iterator[Tuple[str, str]]:
 
 
 def _is_pretrained_init(value: Any) -> bool:
-    return isinstance(value, dict) and _strip_scope(value.get('type')) == 'Pretrained'
+    return isinstance(value, dict) and config_type_name(value.get('type')) == 'Pretrained'
 
 
 def clear_checkpoints(node: Any, where: str = 'model') -> List[str]:
@@ -278,12 +271,12 @@ def _dataset_advice(dataset: dict, where: str, hints: Dict[str, str],
     ``train_dataloader.dataset.data_root``) or at the dataset (``train_dataloader.dataset``),
     else :data:`DATASET_HINTS` of its type."""
     return (hints.get(location or where) or hints.get(where)
-            or DATASET_HINTS.get(_strip_scope(dataset.get('type')), _GENERIC_DATA_HINT))
+            or DATASET_HINTS.get(config_type_name(dataset.get('type')), _GENERIC_DATA_HINT))
 
 
 def _check_dataset(dataset: dict, where: str, hints: Dict[str, str]) -> List[str]:
     problems = []
-    dtype = _strip_scope(dataset.get('type'))
+    dtype = config_type_name(dataset.get('type'))
 
     def advice(location: str) -> str:
         return _dataset_advice(dataset, where, hints, location)

@@ -29,6 +29,23 @@ def test_config_helpers_set_with_cp_and_drop_checkpoints():
     assert tool.config_crop(load_config(str(ROOT / CONFIG))) == 64
 
 
+def test_with_cp_reaches_class_typed_and_scoped_backbones():
+    """Pure-Python configs give ``type`` as the class and inherited ones may scope the name:
+    both are the backbone mmengine builds, so both get ``with_cp`` (a class was skipped: the
+    "with_cp" rows then measured the model without checkpointing)."""
+    from mmlinvit.backbones import Adventurer, LinearVisionTransformer
+    tool = _tool()
+    model = dict(type='EncoderDecoder', backbone=dict(type=LinearVisionTransformer),
+                 teacher=dict(type='mmlinvit.VisionTransformer', img_size=96),
+                 neck=dict(type=Adventurer), head=dict(type='UPerHead'))
+    assert tool.set_with_cp(model, True) == 3
+    assert model['backbone']['with_cp'] and model['teacher']['with_cp']
+    assert model['neck']['with_cp'] and 'with_cp' not in model['head']
+    from mmengine.config import ConfigDict
+    cfg = ConfigDict(model=dict(backbone=dict(type=Adventurer, img_size=(64, 128))))
+    assert tool.config_crop(cfg) == (64, 128)
+
+
 @pytest.mark.skipif(not os.access('/proc/self/clear_refs', os.W_OK),
                     reason='the CPU measurement resets the peak-RSS mark via /proc/self/clear_refs')
 def test_train_memory_runs_real_steps_with_and_without_cp(tmp_path, capsys):

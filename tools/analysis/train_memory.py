@@ -53,6 +53,7 @@ sys.path.insert(0, ROOT)
 
 from mmlinvit.utils.benchmarking import (exact_rss, proc_status_mib, run_json_child,  # noqa: E402
                                          write_json)
+from mmlinvit.utils.config_types import config_type_name  # noqa: E402
 
 #: Backbone types that take ``with_cp`` (scope prefix stripped).
 CP_BACKBONES = ('VisionTransformer', 'LinearVisionTransformer', 'Adventurer')
@@ -113,11 +114,6 @@ def _iter_dicts(node: Any) -> Iterator[dict]:
             yield from _iter_dicts(value)
 
 
-def _type_name(node: dict) -> str:
-    type_name = node.get('type', '')
-    return type_name.split('.')[-1] if isinstance(type_name, str) else ''
-
-
 def drop_pretrained(model_cfg: Any) -> int:
     """Removes checkpoint loading from a model config (random weights); returns the count."""
     count = 0
@@ -140,7 +136,7 @@ def set_with_cp(model_cfg: Any, with_cp: bool) -> int:
     """Sets ``with_cp`` on every mmlinvit ViT / Adventurer config; returns how many."""
     count = 0
     for node in _iter_dicts(model_cfg):
-        if _type_name(node) in CP_BACKBONES:
+        if config_type_name(node.get('type')) in CP_BACKBONES:
             node['with_cp'] = with_cp
             count += 1
     return count
@@ -154,7 +150,7 @@ def config_crop(cfg: Any) -> Union[int, Tuple[int, int]]:
         crop = (cfg.model.get('data_preprocessor') or {}).get('size', None)
     if crop is None:
         for node in _iter_dicts(cfg.model):
-            if _type_name(node) in CP_BACKBONES and node.get('img_size'):
+            if config_type_name(node.get('type')) in CP_BACKBONES and node.get('img_size'):
                 crop = node['img_size']
                 break
     if crop is None:

@@ -12,6 +12,8 @@ from typing import Any, List, Optional, Union
 
 import torch.nn as nn
 
+from mmlinvit.utils.config_types import config_type_name
+
 from .errors import DistillationConfigError
 
 
@@ -26,21 +28,14 @@ def _plain(cfg: Any) -> Any:
     return cfg
 
 
-def _type_name(cfg: dict) -> Optional[str]:
-    """The registered name of a config's ``type`` without its scope (``mmpretrain.X`` -> X)."""
-    type_ = cfg.get('type')
-    if isinstance(type_, str):
-        return type_.rsplit('.', 1)[-1]
-    return None if type_ is None else getattr(type_, '__name__', repr(type_))
-
-
 def _differences(student: dict, model: dict) -> List[str]:
     """``'key: student value != model value'`` for each setting the two configs disagree on.
 
     ``type`` is compared without its scope, and only when both configs name one.
     """
     found = []
-    student_type, model_type = _type_name(student), _type_name(model)
+    student_type = config_type_name(student.get('type'))
+    model_type = config_type_name(model.get('type'))
     if student_type and model_type and student_type != model_type:
         found.append(f'type: {student_type} != {model_type}')
     for key in sorted((set(student) | set(model)) - {'type'}):
