@@ -39,6 +39,29 @@ __all__ = [
 ]
 
 
+
+def check_eps(eps: float, name: str, zero_ok: bool) -> float:
+    """Refuses a normaliser epsilon that lets the division fail.
+
+    Args:
+        eps: The epsilon given.
+        name: The operator, for the message.
+        zero_ok: Whether 0 is safe (a feature map that is > 0 everywhere: ELU+1, Hedgehog's
+            softmax); ReLU rows can be all zero and the signed identity normaliser can be 0.
+
+    Returns:
+        ``eps``.
+
+    Raises:
+        ValueError: ``eps`` negative or NaN (a negative one flips or zeroes normalisers), or 0
+            where that divides 0 by 0.
+    """
+    if not (eps >= 0 if zero_ok else eps > 0):
+        bound = '>= 0' if zero_ok else '> 0 (0 divides an all-zero row by 0: NaN)'
+        raise ValueError(f'{name}: eps must be {bound}, got {eps!r}; the default is 1e-6')
+    return eps
+
+
 class KernelLinearAttention(AttentionOperator):
     """Non-causal kernel linear attention with a fixed positive feature map.
 
@@ -72,7 +95,7 @@ class KernelLinearAttention(AttentionOperator):
                              f"'relu', got {feature_map!r}; use the 'identity' or 'hedgehog' "
                              f"operators for the other maps")
         self.feature_map = feature_map
-        self.eps = eps
+        self.eps = check_eps(eps, f'{feature_map} linear attention', feature_map == 'elu')
 
     def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             hw_shape: Optional[Tuple[int, int]], num_prefix_tokens: int) -> torch.Tensor:
@@ -188,7 +211,7 @@ class HedgehogLinearAttention(AttentionOperator):
         self.feature_init = feature_init
         self.feature_dims = feature_dims
         self.share_feature_map = share_feature_map
-        self.eps = eps
+        self.eps = check_eps(eps, 'hedgehog linear attention', zero_ok=True)
         self.feature_q = nn.Parameter(torch.empty(num_heads, self.head_dims, feature_dims))
         self.feature_k = (None if share_feature_map else nn.Parameter(
             torch.empty(num_heads, self.head_dims, feature_dims)))
@@ -250,7 +273,7 @@ class IdentityLinearAttention(AttentionOperator):
 
     def __init__(self, embed_dims: int, num_heads: int, eps: float = 1e-6, **kwargs) -> None:
         super().__init__(embed_dims, num_heads, **kwargs)
-        self.eps = eps
+        self.eps = check_eps(eps, 'identity linear attention', zero_ok=False)
 
     def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             hw_shape: Optional[Tuple[int, int]], num_prefix_tokens: int) -> torch.Tensor:
