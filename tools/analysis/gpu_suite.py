@@ -146,7 +146,8 @@ LA_COLS = ('N', 'triton ms', 'graph triton ms', 'triton f+b ms', 'graph triton f
 SDPA_COLS = ('N', 'sdpa', 'ms', 'sdpa/triton', 'graph ms', 'graph sdpa/triton', 'f+b ms',
              'f+b sdpa/triton', 'aten op', 'kernel')
 BB_COLS = ('pair', 'model', 'size', 'N', 'ms', 'graph ms', 'act MiB', 'speed x',
-           'graph speed x', 'speed x flash', 'graph speed x flash', 'mem frac', 'graph note')
+           'graph speed x', 'speed x flash', 'graph speed x flash', 'mem frac', 'mem frac flash',
+           'graph note')
 BB_KERNEL_COLS = ('model', 'size', 'aten op', 'kernel', 'kernels')
 
 

@@ -58,8 +58,7 @@ def backbone_ratios(rows: List[Dict[str, object]]) -> None:
                 if mine and theirs and len(mine) == len(theirs):
                     r[f'{key} speed x{suffix} spread'] = spread(
                         [b / m for b, m in zip(theirs, mine)])
-            if not suffix:
-                r['mem frac'] = ratio(r.get('act MiB'), base.get('act MiB'))
+            r['mem frac' + suffix] = ratio(r.get('act MiB'), base.get('act MiB'))
 
 
 def _fmt_spread(values: Optional[List[float]], rounds: Optional[list]) -> str:
@@ -124,12 +123,19 @@ def verdicts(la_rows: List[Dict[str, object]], bb_rows: List[Dict[str, object]],
             parts.append(f"{mode}: {value:.2f}x{text} -> {'met' if value >= 1.7 else 'NOT met'}")
         lines.append(f'ViT-L/14 at {size}, SPEED vs the softmax model with {name} '
                      f'[{kernel[:70]}] (target >= 1.7x): ' + '; '.join(parts))
-    mem, mib = elu.get('mem frac'), elu.get('act MiB')
-    if mem is None:
-        lines.append(f'ViT-L/14 at {size}, MEMORY (target <= 40% of the softmax model): not '
-                     'measured (peak memory is measured on CUDA only)')
+    mib, flash, default = elu.get('act MiB'), elu.get('mem frac flash'), elu.get('mem frac')
+    if flash is None and default is None:
+        lines.append(f'ViT-L/14 at {size}, MEMORY (target <= 40% of the softmax model with '
+                     f'FlashAttention): not measured (peak memory is measured on CUDA only)')
     else:
-        lines.append(f"ViT-L/14 at {size}, MEMORY: activations {mib:.0f} MiB = {mem:.0%} of the "
-                     f"softmax model's (default SDPA) (target <= 40%): "
-                     f"{'met' if mem <= 0.4 else 'NOT met'}")
+        # the issue's target is "at no more than 40% of its memory", its = the softmax model
+        # with FlashAttention; the default dispatch (cuDNN on sm_90) judges when flash did not run
+        judged = flash if flash is not None else default
+        parts = [f'{value:.0%} of the softmax model\'s with {name}' for value, name in
+                 ((flash, 'FlashAttention'), (default, 'the default SDPA')) if value is not None]
+        basis = ('' if flash is not None else
+                 ', judged against the default SDPA: the FlashAttention model was not measured')
+        lines.append(f"ViT-L/14 at {size}, MEMORY: activations {mib:.0f} MiB = "
+                     f"{', '.join(parts)} (target <= 40% of FlashAttention's{basis}): "
+                     f"{'met' if judged <= 0.4 else 'NOT met'}")
     return lines
