@@ -39,7 +39,7 @@ class Mamba2Mixer(nn.Module):
 
     Args:
         d_model: Token width.
-        d_state: State size N per group.
+        d_state: State size N per group (64, Adventurer's; mamba's own ``Mamba2`` defaults to 128).
         d_conv: Kernel size of the causal depthwise convolution.
         expand: d_inner = expand * d_model.
         headdim: Channels per head P; d_inner must be divisible by it.

@@ -39,6 +39,12 @@ class ExportStudentHook(Hook):
     priority = 'VERY_LOW'
 
     def __init__(self, filename_tmpl: str = 'student_backbone.pth', by_epoch: bool = True) -> None:
+        try:  # at build time, not at the first checkpoint (after an epoch of training)
+            filename_tmpl.format('epoch_1')
+        except (IndexError, KeyError, ValueError) as exc:
+            raise ValueError(f"ExportStudentHook: filename_tmpl {filename_tmpl!r} may only "
+                             f"hold one '{{}}' (filled with epoch_<n> / iter_<n>): "
+                             f'{type(exc).__name__}: {exc}') from None
         self.filename_tmpl = filename_tmpl
         self.by_epoch = by_epoch
 
