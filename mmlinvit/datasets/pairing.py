@@ -106,15 +106,17 @@ def _listed(files: Sequence[str]) -> List[str]:
     return [f for f in files if not f.rsplit('/', 1)[-1].startswith('.')]
 
 
-def _read_lines(path: str, report: PairingReport) -> List[str]:
-    """The stripped lines of an annotation file; blank ones are a problem of the report.
+def _read_lines(path: str, report: PairingReport, strip: bool = True) -> List[str]:
+    """The non-blank lines of an annotation file; blank ones are a problem of the report.
 
     mmengine's ``list_from_file`` keeps blank lines, and mmseg reads one as the image
     ``<img_path>/<img_suffix>`` (mmpretrain as an image without a name): the run fails in a
-    data worker when the sampler reaches it.
+    data worker when the sampler reaches it.  ``strip=False`` keeps each line as
+    ``list_from_file`` returns it (mmpretrain's unlabelled mode joins it whole to the folder).
     """
     with open(path) as f:
-        lines = [line.strip() for line in f.read().splitlines()]
+        raw = f.read().splitlines()
+    lines = [line.strip() for line in raw]
     blank = [i + 1 for i, line in enumerate(lines) if not line]
     if blank:
         shown = ', '.join(str(i) for i in blank[:MAX_EXAMPLES]) + (
@@ -123,7 +125,7 @@ def _read_lines(path: str, report: PairingReport) -> List[str]:
             f'{report.where}: the annotation file {path!r} has {len(blank)} blank line(s) (line '
             f'{shown}); mmseg / mmpretrain read each as an image without a name, and the run '
             f'would stop when the sampler reaches it. Fix: remove the blank lines.')
-    return [line for line in lines if line]
+    return [kept for kept, line in zip(lines if strip else raw, lines) if line]
 
 
 def _pair_segmentation(ds: Any, report: PairingReport) -> None:
@@ -189,6 +191,19 @@ def _pair_segmentation(ds: Any, report: PairingReport) -> None:
             f'{describe_files(sorted(label_files))}. {fix}')
 
 
+def _has_int_label(line: str) -> bool:
+    """Whether mmpretrain reads ``line`` as ``<image> <label>``: it splits the stripped line
+    at its last space and takes ``int`` of the second part."""
+    parts = line.rsplit(' ', 1)
+    if len(parts) != 2:
+        return False
+    try:
+        int(parts[1])
+    except ValueError:
+        return False
+    return True
+
+
 def _pair_classification(ds: Any, report: PairingReport) -> None:
     folder = ds.img_prefix
     if not osp.isdir(folder):
@@ -198,8 +213,20 @@ def _pair_classification(ds: Any, report: PairingReport) -> None:
     extensions = tuple(sorted(ds.extensions))
     valid = [f for f in _listed(files) if f.lower().endswith(extensions)]
     if _has_ann_file(ds.ann_file):
-        lines = _read_lines(ds.ann_file, report)
+        # mmpretrain: x.strip().rsplit(' ', 1) with labels, the raw line without
+        lines = _read_lines(ds.ann_file, report, strip=ds.with_label)
         names = [line.rsplit(' ', 1)[0] if ds.with_label else line for line in lines]
+        if ds.with_label:
+            unlabelled = [(i, line) for i, line in enumerate(lines, 1)
+                          if not _has_int_label(line)]
+            if unlabelled:
+                shown = '; '.join(f'line {i}: {line!r}' for i, line in unlabelled[:MAX_EXAMPLES])
+                report.problems.append(
+                    f'{report.where}: {len(unlabelled)} line(s) of {ds.ann_file!r} do not end in '
+                    f'an integer label ({shown}); mmpretrain splits each line at its last space '
+                    f'into "<image> <label>" and stops loading the data list with ValueError. '
+                    f'Fix: write "<image> <class index>" on each line, or set with_label=False '
+                    f'for a list of images only.')
         present = set(files)
         missing = [n for n in names if n not in present]
         report.num_images = len(names) - len(missing)
