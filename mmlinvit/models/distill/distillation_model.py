@@ -279,6 +279,15 @@ class DistillationModel(BaseModel):
                                  f'out_channels')
         return self.student.out_channels
 
+    @property
+    def decode_head(self) -> nn.Module:
+        """The segmentation student's decode head (mmseg's ``SegTTAModel`` reads its
+        ``threshold`` when the student predicts one channel, a binary task)."""
+        if not hasattr(self.student, 'decode_head'):
+            raise AttributeError(f'the student ({type(self.student).__name__}) has no '
+                                 f'decode_head')
+        return self.student.decode_head
+
     def student_backbone(self) -> nn.Module:
         """The student's backbone (the student itself when it is a bare backbone)."""
         return self.student.backbone if self.student_is_task_model else self.student
