@@ -36,8 +36,9 @@ def parse_size(text: str) -> Tuple[int, int]:
         argparse.ArgumentTypeError: naming the text and the accepted forms.
     """
     parts = text.lower().split('x')
-    if len(parts) not in (1, 2) or not all(p.isdigit() for p in parts):
-        raise argparse.ArgumentTypeError(f'size {text!r} is not N or HxW (e.g. 512x1024)')
+    if len(parts) not in (1, 2) or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(
+            f'size {text!r} is not N or HxW (e.g. 512x1024) of positive integers')
     return int(parts[0]), int(parts[-1])
 
 
@@ -50,6 +51,12 @@ def synchronize(device: torch.device) -> None:
     """Waits for the device's queued kernels (a no-op on CPU)."""
     if device.type == 'cuda':
         torch.cuda.synchronize(device)
+
+
+def _check_repeats(repeats: int) -> None:
+    """Refuses a call count that would leave no time to reduce (``repeats < 1``)."""
+    if repeats < 1:
+        raise ValueError(f'repeats must be >= 1, got {repeats}')
 
 
 def time_call_ms(fn: Callable[[], object], device: torch.device) -> float:
@@ -76,7 +83,11 @@ def timed_calls(fn: Callable[[], object], device: torch.device, repeats: int,
         device: Where ``fn`` runs (selects CUDA events or perf_counter).
         repeats: Most calls.
         max_seconds: Time budget; at least one call is made.
+
+    Raises:
+        ValueError: ``repeats < 1``.
     """
+    _check_repeats(repeats)
     times: List[float] = []
     budget_start = time.perf_counter()
     for _ in range(repeats):
@@ -100,9 +111,13 @@ def time_round_robin(fns: Dict[str, Callable[[], object]], device: torch.device,
         warmups: Untimed calls of each function first.
         max_seconds: Time budget of the timed rounds; at least one round is made.
         stat: ``'median'`` or ``'min'`` of each function's times.
+
+    Raises:
+        ValueError: An unknown ``stat``, or ``repeats < 1``.
     """
     if stat not in STATS:
         raise ValueError(f'stat must be one of {sorted(STATS)}, got {stat!r}')
+    _check_repeats(repeats)
     for fn in fns.values():
         for _ in range(warmups):
             fn()

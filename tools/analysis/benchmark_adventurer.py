@@ -9,10 +9,11 @@ and earlier peaks never leak between cases.  Inside a case:
   (``echo 5 > /proc/self/clear_refs``, which sets VmHWM to the current VmRSS), the forwards
   run, and the reported number is ``VmHWM - VmRSS_before``: the largest extra resident
   memory any forward needed (activations, temporaries, allocator overhead), weights and
-  input excluded.  Memory is measured after the timed forwards, on one more forward, with
-  glibc's mmap threshold fixed at 1 MiB (``CpuPeakMemory``: every allocation of 1 MiB or more
-  mapped on its own and unmapped when freed), so the resident peak is that of the live
-  tensors, not of the allocator's history.  Linux only; the script stops with an error where
+  input excluded.  Memory is measured in its own subprocess (a memory phase before the
+  timing one), on one forward after the warm-up forwards, with glibc's mmap threshold fixed
+  at 1 MiB (``CpuPeakMemory``: every allocation of 1 MiB or more mapped on its own and
+  unmapped when freed), so the resident peak is that of the live tensors, not of the
+  allocator's history.  Linux only; the script stops with an error where
   the counter cannot be reset.
 
 Usage::

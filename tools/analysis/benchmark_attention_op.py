@@ -67,7 +67,10 @@ def parse_args() -> argparse.Namespace:
                         help='also time the whole-tensor torch form (used under graph capture)')
     parser.add_argument('--backward', action='store_true',
                         help='also forward + backward time and memory (CPU and CUDA)')
-    return parser.parse_args()
+    args = parser.parse_args()
+    if args.repeats is not None and args.repeats < 1:
+        parser.error(f'--repeats must be >= 1, got {args.repeats}')
+    return args
 
 
 def time_ms(fns: Dict[str, Callable[[], object]], device: torch.device, repeats: int,

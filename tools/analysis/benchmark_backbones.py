@@ -115,6 +115,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         help='where the PNG and the JSON rows go')
     parser.add_argument('--child', default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.repeats is not None and args.repeats < 1:
+        parser.error(f'--repeats must be >= 1, got {args.repeats}')
     unknown = [op for op in args.operators if op in (BASELINE, ADVENTURER)]
     if unknown:
         parser.error(f'--operators lists linear operators only; {unknown} are always included '
