@@ -169,10 +169,10 @@ def deployed_model_config(cfg: object) -> Tuple[dict, str]:
 def on_meta_or_cpu(count: Callable[[str], T], device: str, label: str) -> Tuple[T, str]:
     """``count(device)``; on ``'meta'``, ``count('cpu')`` when shapes depend on values.
 
-    Models whose shapes depend on tensor values (``torch.nonzero``, ``.item()``; MHLA's block
-    bookkeeping did before its indices came from the grid sizes) cannot run on meta tensors;
-    they are counted with a real forward on random weights instead (the same count, slower),
-    with a note on stderr.
+    Models whose shapes depend on tensor values (``torch.nonzero``, ``.item()``,
+    ``.numpy()``; MHLA's block bookkeeping did before its indices came from the grid sizes)
+    cannot run on meta tensors; they are counted with a real forward on random weights
+    instead (the same count, slower), with a note on stderr.
 
     Returns:
         (the count, the device used).
@@ -181,7 +181,7 @@ def on_meta_or_cpu(count: Callable[[str], T], device: str, label: str) -> Tuple[
         return count(device), device
     try:
         return count('meta'), 'meta'
-    except (RuntimeError, NotImplementedError) as err:
+    except (RuntimeError, NotImplementedError, TypeError) as err:
         if 'meta' not in str(err).lower():
             raise
         print(f'{label}: shapes depend on tensor values here ({str(err).splitlines()[0]}); '
