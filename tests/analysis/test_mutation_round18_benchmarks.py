@@ -41,7 +41,6 @@ import argparse
 import contextlib
 import json
 import math
-import os
 import signal
 import subprocess
 import sys

@@ -46,6 +46,8 @@ from mmlinvit.analysis.gpu_suite.run import SuiteRun
 from mmlinvit.analysis.gpu_suite.sizes import Sizes, dry_sizes
 from mmlinvit.analysis.gpu_suite.verdicts import backbone_ratios, verdicts
 
+from test_mutation_round13_gpu_suite_rest import _FakeProfile
+
 verdicts_module = sys.modules['mmlinvit.analysis.gpu_suite.verdicts']
 
 CPU = torch.device('cpu')
@@ -423,25 +425,6 @@ def test_vit_l_pair_is_dinov2_patch_14_with_elu_attention() -> None:
             assert backbone_sections.block_tokens(model, lambda m=model: m(images)) == 65
     assert {operator_name(c) for c in softmax.attn_cfgs} == {'softmax'}
     assert {operator_name(c) for c in elu.attn_cfgs} == {'elu'}
-
-
-class _FakeProfile:
-    """``torch.profiler.profile`` stand-in whose averages are fixed events."""
-
-    events: List[SimpleNamespace] = []
-    activities: List[object] = []
-
-    def __init__(self, activities: List[object]) -> None:
-        type(self).activities = list(activities)
-
-    def __enter__(self) -> '_FakeProfile':
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-    def key_averages(self) -> List[SimpleNamespace]:
-        return list(self.events)
 
 
 def _event(key: str, us: float, count: int = 1, device: str = 'CPU') -> SimpleNamespace:

@@ -30,7 +30,6 @@ documented recipes (docstrings).  Guarded here:
 """
 import argparse
 import inspect
-import math
 import os
 import os.path as osp
 import subprocess

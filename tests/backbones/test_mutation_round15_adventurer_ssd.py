@@ -27,7 +27,7 @@ interpreter or at other tolerances.  References:
 """
 import logging
 import math
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Iterator, List, Optional, Tuple
 
 import pytest
 import torch
@@ -41,6 +41,8 @@ from mmlinvit.layers.mamba2 import Mamba2Mixer
 from mmlinvit.ops.ssd import SSD_BACKEND_ENV_VAR, select_ssd_backend, ssd_scan, ssd_scan_torch
 from mmlinvit.ops.ssd import dispatch as ssd_dispatch
 from mmlinvit.ops.ssd import torch_impl
+
+from call_spy import CallSpy
 
 pytestmark = pytest.mark.usefixtures('one_thread')
 
@@ -89,18 +91,6 @@ def reference_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.
             if D is not None:
                 y[:, t, h] += D[h].double() * x[:, t, h]
     return y
-
-
-class _Spy:
-    """Wraps a function, records its positional and keyword arguments, calls through."""
-
-    def __init__(self, fn: Any) -> None:
-        self.fn = fn
-        self.calls: List[Tuple[tuple, Dict[str, Any]]] = []
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        self.calls.append((args, kwargs))
-        return self.fn(*args, **kwargs)
 
 
 @pytest.fixture
@@ -226,7 +216,7 @@ def test_chunks_per_step_must_be_a_positive_int(bad: Any) -> None:
 def test_autograd_scan_runs_chunks_per_step_chunks_at_a_time(monkeypatch) -> None:
     """With autograd, ``chunks_per_step`` chunks form one vectorised step: ceil(chunks /
     step) calls of the block scan (mutant T36: always one step, all chunks at once)."""
-    spy = _Spy(torch_impl._scan_chunk_block)
+    spy = CallSpy(torch_impl._scan_chunk_block)
     monkeypatch.setattr(torch_impl, '_scan_chunk_block', spy)
     x, dt, A, B, C, D = ssd_inputs(37)  # 5 chunks of 8
     x.requires_grad_(True)
@@ -240,7 +230,7 @@ def test_autograd_scan_runs_chunks_per_step_chunks_at_a_time(monkeypatch) -> Non
 def test_inference_chunks_are_capped_at_inference_chunk(monkeypatch) -> None:
     """Without autograd the scan works in chunks of min(chunk_size, INFERENCE_CHUNK) tokens
     (mutant T39: max, i.e. the 256-token chunk)."""
-    spy = _Spy(torch_impl._chunked_inputs)
+    spy = CallSpy(torch_impl._chunked_inputs)
     monkeypatch.setattr(torch_impl, '_chunked_inputs', spy)
     x, dt, A, B, C, D = ssd_inputs(150, heads=2, groups=1)
     with torch.no_grad():
@@ -258,7 +248,7 @@ def test_inference_step_fills_inference_step_bytes(monkeypatch) -> None:
     step (mutant T23: zero chunks per step)."""
     batch, heads, q, d_state = 2, 4, 8, 5
     per_chunk = batch * heads * q * (q + d_state) * 4  # bytes, fp32
-    spy = _Spy(torch_impl._chunked_inputs)
+    spy = CallSpy(torch_impl._chunked_inputs)
     monkeypatch.setattr(torch_impl, '_chunked_inputs', spy)
     x, dt, A, B, C, D = ssd_inputs(53, heads=heads, d_state=d_state, batch=batch)  # 7 chunks
     want = reference_scan(x, dt, A, B, C, D)
@@ -397,7 +387,7 @@ def test_accelerator_conv_branch_is_causal_and_cropped(bias: bool) -> None:
 def test_mixer_forwards_its_scan_options(monkeypatch) -> None:
     """``chunk_size``, ``chunks_per_step`` and ``ssd_backend`` reach ``ssd_scan`` (mutants
     M18, M19, M20: the defaults were passed); values against the recurrence."""
-    spy = _Spy(mamba2_module.ssd_scan)
+    spy = CallSpy(mamba2_module.ssd_scan)
     monkeypatch.setattr(mamba2_module, 'ssd_scan', spy)
     mixer = Mamba2Mixer(8, d_state=2, headdim=4, chunk_size=8, chunks_per_step=3,
                         ssd_backend='naive')

@@ -40,15 +40,7 @@ from mmlinvit.models.distill.trainable_params import freeze_all_but
 from mmlinvit.registry import MODELS
 
 from distill_testing import IMG_SIZE, PATCH, tiny_arch
-
-IMAGENET = dict(mean=[123.675, 116.28, 103.53], std=[58.395, 57.12, 57.375])
-CIFAR = dict(mean=[125.307, 122.961, 113.8575], std=[51.5865, 50.847, 51.255])
-
-
-@pytest.fixture(autouse=True)
-def _mmpretrain_scope():
-    with DefaultScope.overwrite_default_scope('mmpretrain'):
-        yield
+from test_mutation_round11_distill_model import CIFAR, IMAGENET, _mmpretrain_scope  # noqa: F401
 
 
 # ---------------------------------------------------------------- checkpoint coverage

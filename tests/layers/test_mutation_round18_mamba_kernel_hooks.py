@@ -22,7 +22,7 @@ included) let pass.  References, all independent of the code under test:
 import logging
 import os
 import types
-from typing import Any, Dict, List, Tuple
+from typing import List, Tuple
 
 import pytest
 import torch
@@ -32,23 +32,13 @@ import torch.nn.functional as F
 from mmlinvit.layers import mamba2 as mamba2_module
 from mmlinvit.layers.mamba2 import Mamba2Mixer
 
+from call_spy import CallSpy
+
 pytestmark = pytest.mark.usefixtures('one_thread')
 
 
 def _gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
-
-
-class _Spy:
-    """Wraps a function, records its positional and keyword arguments, calls through."""
-
-    def __init__(self, fn: Any) -> None:
-        self.fn = fn
-        self.calls: List[Tuple[tuple, Dict[str, Any]]] = []
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        self.calls.append((args, kwargs))
-        return self.fn(*args, **kwargs)
 
 
 def _randomise(module: nn.Module, seed: int, std: float = 0.3) -> None:
@@ -80,7 +70,7 @@ def test_autocast_rounds_xbc_to_the_autocast_dtype_once_after_the_silu(monkeypat
     mixer = Mamba2Mixer(8, d_state=2, headdim=4)
     _randomise(mixer, 4)
     u = torch.randn(2, 6, 8, generator=_gen(5))
-    spy = _Spy(mamba2_module.ssd_scan)
+    spy = CallSpy(mamba2_module.ssd_scan)
     monkeypatch.setattr(mamba2_module, 'ssd_scan', spy)
     with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):
         mixer(u)
