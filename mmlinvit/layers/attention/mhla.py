@@ -67,6 +67,7 @@ attention output before ``proj`` (zero for prefix tokens).  Its weight is named
 ``local_conv.weight`` (C, 1, 5, 5) and keeps PyTorch's default Conv2d init, as the public code.
 """
 import math
+import numbers
 from typing import Optional, Sequence, Tuple, Union
 
 import torch
@@ -146,11 +147,13 @@ class MultiHeadLinearAttention(AttentionOperator):
                  eps_placement: str = 'mean',
                  **kwargs) -> None:
         super().__init__(embed_dims, num_heads, **kwargs)
-        if isinstance(block_grid, int):
+        if isinstance(block_grid, numbers.Integral):
             block_grid = (block_grid, block_grid)
+        if (not isinstance(block_grid, (tuple, list)) or len(block_grid) != 2
+                or any(isinstance(g, bool) or not isinstance(g, numbers.Integral) or g < 1
+                       for g in block_grid)):
+            raise ValueError(f'block_grid must be a positive int or (gh, gw), got {block_grid!r}')
         block_grid = tuple(int(g) for g in block_grid)
-        if len(block_grid) != 2 or min(block_grid) < 1:
-            raise ValueError(f'block_grid must be a positive int or (gh, gw), got {block_grid}')
         if feature_map not in MHLA_FEATURE_MAPS:
             raise ValueError(f'MHLA needs a positive feature map; valid: {MHLA_FEATURE_MAPS}, '
                              f'got {feature_map!r}')
@@ -176,7 +179,7 @@ class MultiHeadLinearAttention(AttentionOperator):
         self.feature_eps = float(feature_eps)
         self.block_grid = block_grid
         self.num_blocks = block_grid[0] * block_grid[1]
-        self.per_head_mixing = per_head_mixing
+        self.per_head_mixing = _check_bool('per_head_mixing', per_head_mixing)
         self.mixing_tau = mixing_tau
         self.feature_map = feature_map
         self.eps = eps
