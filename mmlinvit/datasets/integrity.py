@@ -10,9 +10,9 @@ stored pixels is reported), and returns the bad files with the reason.  Whether 
 turns an image is measured, not assumed: the file is decoded as the pipeline's
 ``LoadImageFromFile`` decodes it (its ``color_type`` and ``imdecode_backend``) and with the
 orientation ignored, and the two are compared (cv2 turns a JPEG / PNG / TIFF but not a WebP;
-Pillow turns all of them; ``color_type='color_ignore_orientation'`` turns none).  It runs in threads (Pillow's
-decoders release the GIL) and reports progress through a callback.  In a distributed run each
-process scans its share (``rank::world_size``); the caller gathers the results.
+Pillow turns all of them; ``color_type='color_ignore_orientation'`` turns none).  It runs in
+threads (Pillow's decoders release the GIL) and reports progress through a callback.  In a
+distributed run each process scans its share (``rank::world_size``); the caller gathers the results.
 """
 import concurrent.futures
 import dataclasses
@@ -105,14 +105,15 @@ def _decode(path: str) -> Tuple[Optional[Tuple[int, int]], Optional[str], int]:
 
 
 def _orientation_problem(img_path: str, img_size: Tuple[int, int], orientation: int,
-                         seg_size: Tuple[int, int]) -> Optional[str]:
+                         seg_size: Tuple[int, int], decoding: ImageDecoding) -> Optional[str]:
     """The problem of a label map next to an image with an EXIF orientation, or ``None``.
 
-    Called for an image the pipeline's ``LoadImageFromFile`` turns (``color_type='color'``,
-    mmseg's default: cv2 ``IMREAD_COLOR`` for most formats, Pillow's ``exif_transpose`` for
-    the pillow backend); ``LoadAnnotations`` reads the label map as stored.  A label map of the stored size is
-    then paired with a flipped / rotated image.  One of the displayed size (orientations 5-8
-    swap the sides) was drawn on the turned image and pairs up.
+    Called for an image the pipeline's ``LoadImageFromFile`` turns (``decoding``; mmseg's
+    default ``color_type='color'``: cv2 ``IMREAD_COLOR`` for most formats, Pillow's
+    ``exif_transpose`` for the pillow backend); ``LoadAnnotations`` reads the label map as
+    stored.  A label map of the stored size is then paired with a flipped / rotated image.
+    One of the displayed size (orientations 5-8 swap the sides) was drawn on the turned image
+    and pairs up.
     """
     shown = img_size[::-1] if orientation >= 5 else img_size
     if seg_size == shown and shown != img_size:
@@ -121,12 +122,14 @@ def _orientation_problem(img_path: str, img_size: Tuple[int, int], orientation: 
         return (f'label map is {seg_size[0]}x{seg_size[1]} (WxH) but its image {img_path!r} '
                 f'is {img_size[0]}x{img_size[1]} as stored and {shown[0]}x{shown[1]} after '
                 f'its EXIF Orientation={orientation} is applied')
-    return (f'its image {img_path!r} has EXIF Orientation={orientation}: mmseg\'s '
-            f'LoadImageFromFile (color_type=\'color\') hands the model the image '
+    return (f'its image {img_path!r} has EXIF Orientation={orientation}: the pipeline\'s '
+            f'LoadImageFromFile (color_type={decoding.color_type!r}, imdecode_backend='
+            f'{decoding.backend!r}) hands the model the image '
             f'{ORIENTATIONS[orientation]}, but LoadAnnotations reads this label map as stored, '
             f'so labels land on the wrong pixels (no error is raised). Fix: set '
-            f'color_type=\'color_ignore_orientation\' in the LoadImageFromFile of the train / '
-            f'val / test pipelines, or strip the tag from the images (e.g. exiftool '
+            f'color_type={decoding.color_type + "_ignore_orientation"!r} in the '
+            f'LoadImageFromFile of the train / val / test pipelines, or strip the tag from the '
+            f'images (e.g. exiftool '
             f'-Orientation= -overwrite_original); if the label maps were drawn on the displayed '
             f'image instead, write the images turned (PIL.ImageOps.exif_transpose) without the '
             f'tag')
@@ -160,7 +163,8 @@ def check_sample(img_path: str,
             problems.append((seg_map_path, f'label map {reason}'))
         elif img_size is not None and orientation != 1 and \
                 _orientation_applied(img_path, decoding or ImageDecoding()):
-            problem = _orientation_problem(img_path, img_size, orientation, seg_size)
+            problem = _orientation_problem(img_path, img_size, orientation, seg_size,
+                                           decoding or ImageDecoding())
             if problem:
                 problems.append((seg_map_path, problem))
         elif img_size is not None and seg_size != img_size:

@@ -176,3 +176,22 @@ def test_a_dataset_scan_reads_its_pipelines_decoding(tmp_path):
         bad[color_type] = scan_dataset_files(dataset, num_threads=1).bad
     assert len(bad['color']) == 1 and 'EXIF Orientation=6' in bad['color'][0][1]
     assert bad['color_ignore_orientation'] == []
+
+
+def test_the_advised_fix_keeps_the_pipelines_colour_type(tmp_path):
+    """A grayscale pipeline (``color_type='grayscale'``, mmcv's IMREAD_GRAYSCALE turns a JPEG
+    by its tag) is told to set ``'grayscale_ignore_orientation'``, the flag that keeps it
+    grayscale; the message named ``'color_ignore_orientation'`` (three channels) and mmseg's
+    default ``color_type='color'``.  The advice, run through mmcv's loader, pairs up."""
+    from mmlinvit.datasets.integrity import ImageDecoding
+    img_path, seg_path = _write_pair(tmp_path, orientation=6)
+    problems = check_sample(img_path, seg_path, ImageDecoding('grayscale', 'cv2'))
+    assert len(problems) == 1
+    reason = problems[0][1]
+    assert "color_type='grayscale', imdecode_backend='cv2'" in reason
+    assert "color_type='grayscale_ignore_orientation'" in reason
+    img, gt = _load(img_path, seg_path, 'grayscale')
+    assert img.shape[:2] == (100, 60) and gt.shape == (60, 100)  # the problem, by mmcv
+    img, gt = _load(img_path, seg_path, 'grayscale_ignore_orientation')
+    assert img.ndim == 2 and img.shape == gt.shape  # the advice: still grayscale, paired
+    assert check_sample(img_path, seg_path, ImageDecoding('grayscale_ignore_orientation')) == []
