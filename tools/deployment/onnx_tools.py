@@ -105,12 +105,15 @@ def load_weights(module: nn.Module, path: str, where: str,
     best: Optional[Tuple[int, str, List[str], List[str]]] = None
     for prefix in candidates:
         sub = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+        if prefix and not sub:
+            continue  # no key of the file: not a candidate to name in the message
         missing = sorted(own - set(sub) - optional)
-        unexpected = sorted(set(sub) - own) if prefix == '' else []
+        unexpected = sorted(set(sub) - own)
         if not missing and not unexpected:
             own_state = module.state_dict()
             shapes = [f'{k}: {tuple(v.shape)} vs {tuple(own_state[k].shape)}'
-                      for k, v in sub.items() if tuple(v.shape) != tuple(own_state[k].shape)]
+                      for k, v in sub.items()
+                      if k in own_state and tuple(v.shape) != tuple(own_state[k].shape)]
             if shapes:
                 raise ValueError(f'{path} has the keys of the {where} but other shapes '
                                  f'(checkpoint vs model; another size or config?): '
@@ -130,8 +133,9 @@ def load_weights(module: nn.Module, path: str, where: str,
             return 'converted'
         except (KeyError, ValueError) as err:
             raise KeyError(f'{path} does not hold the weights of the {where} in the canonical '
-                           f'layout (closest key prefix {prefix!r} misses {missing[:8]}), and '
-                           f'the converters refused it: {err}') from err
+                           f'layout (closest key prefix {prefix!r} misses {missing[:8]}, '
+                           f'unexpected {unexpected[:8]}), and the converters refused it: '
+                           f'{err}') from err
     raise KeyError(f'{path} does not hold the weights of the {where}: closest key prefix '
                    f'{prefix!r} misses {missing[:8]}{"..." if len(missing) > 8 else ""} and has '
                    f'unexpected {unexpected[:8]}{"..." if len(unexpected) > 8 else ""}')
