@@ -24,7 +24,6 @@ Guarded here, each against an independent reference:
 * findings of round 19 (tests that fail on the code before the fixes): unexpected keys
   under a key prefix in ``load_weights`` and a NaN onnxruntime output in the export check.
 """
-import os
 import pickle
 import os.path as osp
 import sys
