@@ -39,6 +39,8 @@ from mmlinvit.converters.checkpoint_file import (CheckpointFileError, check_chec
                                                  checkpoint_file_problem, describe_read_error)
 from mmlinvit.utils.cli import load_script
 
+from test_mutation_round16_infer_demo_deploy import _identity_onnx
+
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 DEPLOY = osp.join(REPO, 'tools', 'deployment')
 
@@ -293,16 +295,6 @@ def test_a_missing_checkpoint_is_a_usage_error_naming_none(export_tool: Any,
         export_tool.main([str(tmp_path / 'cfg.py'), missing])
 
 
-def _identity_onnx(path: str) -> None:
-    """A valid one-node ONNX file (images -> out0)."""
-    import onnx
-    from onnx import TensorProto, helper
-    graph = helper.make_graph([helper.make_node('Identity', ['images'], ['out0'])], 'g',
-                              [helper.make_tensor_value_info('images', TensorProto.FLOAT, None)],
-                              [helper.make_tensor_value_info('out0', TensorProto.FLOAT, None)])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid('', 18)]), path)
-
-
 class _Identity(nn.Module):
     def forward(self, images: torch.Tensor) -> Tuple[torch.Tensor]:
         return (images, )
@@ -390,15 +382,6 @@ def test_a_nan_onnxruntime_output_fails_the_check(export_tool: Any,
     whose onnxruntime output is NaN passed with exit status 0.  ``|nan - x| <= tol`` is
     False for every tolerance (IEEE 754), so the exit status must be 1."""
     pytest.importorskip('onnxruntime')
-    import onnx
-    from onnx import TensorProto, helper
-
-    def identity_onnx(path: str) -> None:
-        graph = helper.make_graph(
-            [helper.make_node('Identity', ['images'], ['out0'])], 'g',
-            [helper.make_tensor_value_info('images', TensorProto.FLOAT, None)],
-            [helper.make_tensor_value_info('out0', TensorProto.FLOAT, None)])
-        onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid('', 18)]), path)
 
     class Identity(nn.Module):
         def forward(self, images: torch.Tensor) -> Tuple[torch.Tensor]:
@@ -410,7 +393,7 @@ def test_a_nan_onnxruntime_output_fails_the_check(export_tool: Any,
     monkeypatch.setattr(export_tool, 'build_export_module',
                         lambda *args, **kwargs: (Identity(), dict(info)))
     monkeypatch.setattr(export_tool, 'export_onnx',
-                        lambda module, images, out, opset: identity_onnx(out) or ['out0'])
+                        lambda module, images, out, opset: _identity_onnx(out) or ['out0'])
     monkeypatch.setattr(export_tool, 'onnxruntime_outputs',
                         lambda session, images: [torch.full_like(images, float('nan'))])
     nan = torch.tensor(float('nan'))

@@ -19,7 +19,7 @@ import hashlib
 import json
 import math
 import os
-from typing import List, Tuple
+from typing import Tuple
 
 import pytest
 import timm.layers
@@ -32,23 +32,14 @@ from mmlinvit.transfer import transfer_weights
 from mmlinvit.transfer.impulse import (ImpulseInit, fit_impulse_bank, impulse_shifts,
                                        load_or_fit_impulse_bank)
 
+from test_mutation_round10_transfer import _targets
+
 TINY = dict(embed_dims=32, num_layers=2, num_heads=2, mlp_hidden_dims=64)
 
 
 @pytest.fixture(autouse=True)
 def _one_thread(one_thread):
     """Tiny tensors: one intra-op thread is fastest on the shared cores."""
-
-
-def _targets(grid: Tuple[int, int], shift: Tuple[int, int]) -> List[int]:
-    """Key index of each query under ``shift`` (raster order), -1 outside the grid."""
-    h, w = grid
-    out = []
-    for r in range(h):
-        for c in range(w):
-            rr, cc = r + shift[0], c + shift[1]
-            out.append(rr * w + cc if 0 <= rr < h and 0 <= cc < w else -1)
-    return out
 
 
 def _impulse_student(**kwargs) -> VisionTransformer:
