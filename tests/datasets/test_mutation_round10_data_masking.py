@@ -41,6 +41,8 @@ from PIL import Image
 import mmlinvit.datasets.integrity as integrity
 from mmlinvit.datasets.integrity import check_sample, scan_dataset_files
 
+from teacher_forcing_toys import ToyBackbone
+
 #: A 2x2 block pattern (RGB) whose every flip / rotation differs.
 _PALETTE = np.array([(255, 0, 0), (0, 255, 0), (0, 0, 255), (255, 255, 0)], np.uint8)
 
@@ -549,40 +551,6 @@ def test_new_mask_token_has_maes_init():
 
 
 # ---------------------------------------------------------------- teacher forcing
-class _Block(nn.Module):
-    """A block whose forward is ``2 x + 1`` and whose ``forward_attn`` logs its arguments."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(()))
-        self.calls: List[tuple] = []
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return 2 * x + 1
-
-    def forward_attn(self, x: torch.Tensor, hw_shape, num_prefix_tokens: int,
-                     with_layer_scale: bool = False) -> torch.Tensor:
-        self.calls.append((x.detach().clone(), tuple(hw_shape), num_prefix_tokens,
-                           with_layer_scale))
-        return x * self.weight
-
-
-class _Backbone(nn.Module):
-    """Blocks run in order on (B, N, C) tokens."""
-
-    def __init__(self, depth: int, patch_size: int = 16, num_prefix_tokens: int = 1,
-                 with_cp: bool = False) -> None:
-        super().__init__()
-        self.blocks = nn.ModuleList(_Block() for _ in range(depth))
-        self.patch_size, self.num_prefix_tokens, self.with_cp = (patch_size, num_prefix_tokens,
-                                                                 with_cp)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for blk in self.blocks:
-            x = blk(x)
-        return x
-
-
 @pytest.mark.parametrize('with_cp', [False, True])
 @pytest.mark.parametrize('with_layer_scale', [False, True])
 def test_each_student_block_runs_on_its_own_teacher_block_input(monkeypatch, with_cp: bool,
@@ -597,7 +565,7 @@ def test_each_student_block_runs_on_its_own_teacher_block_input(monkeypatch, wit
     real_checkpoint = tf_module.checkpoint
     monkeypatch.setattr(tf_module, 'checkpoint',
                         lambda *a, **k: checkpointed.append(1) or real_checkpoint(*a, **k))
-    student, teacher = _Backbone(3, with_cp=with_cp), _Backbone(3)
+    student, teacher = ToyBackbone(3, with_cp=with_cp), ToyBackbone(3)
     forcing = TeacherForcing('block_in', with_layer_scale=with_layer_scale)
     tokens = torch.randn(2, 5, 4)
     with ModuleInputsRecorder('blocks.{i}').attach(teacher) as block_in:
@@ -637,8 +605,8 @@ def test_teacher_and_student_tokens_must_pair_up(student_kwargs: dict, teacher_k
     tokens (in either direction, and read from a task model's backbone) are refused."""
     from mmlinvit.distill import DistillationConfigError, ModuleInputsRecorder
     from mmlinvit.distill.teacher_forcing import TeacherForcing
-    student = _Backbone(2, **student_kwargs)
-    teacher = _Backbone(2, **teacher_kwargs)
+    student = ToyBackbone(2, **student_kwargs)
+    teacher = ToyBackbone(2, **teacher_kwargs)
     source = 'blocks.{i}'
     if task_model:
         teacher, source = _TaskModel(teacher), 'backbone.blocks.{i}'
@@ -647,7 +615,7 @@ def test_teacher_and_student_tokens_must_pair_up(student_kwargs: dict, teacher_k
         TeacherForcing('block_in').check(student, teacher, dict(block_in=recorder))
     recorder.detach()
     # control: the student built like the teacher passes
-    twin = _Backbone(2, **teacher_kwargs)
+    twin = ToyBackbone(2, **teacher_kwargs)
     TeacherForcing('block_in').check(twin, teacher, dict(block_in=recorder.attach(teacher)))
     recorder.detach()
 
@@ -656,10 +624,10 @@ def test_block_outputs_cannot_feed_the_student():
     """Teacher forcing feeds block *inputs*: a recorder of block outputs is refused."""
     from mmlinvit.distill import DistillationConfigError, ModuleOutputsRecorder
     from mmlinvit.distill.teacher_forcing import TeacherForcing
-    teacher = _Backbone(2)
+    teacher = ToyBackbone(2)
     recorder = ModuleOutputsRecorder('blocks.{i}').attach(teacher)
     with pytest.raises(DistillationConfigError, match="of type 'ModuleInputs'"):
-        TeacherForcing('block_out').check(_Backbone(2), teacher, dict(block_out=recorder))
+        TeacherForcing('block_out').check(ToyBackbone(2), teacher, dict(block_out=recorder))
     recorder.detach()
 
 
@@ -697,7 +665,7 @@ def test_dry_run_names_the_block_that_cannot_take_the_teacher_input():
     def too_narrow(x, hw_shape, num_prefix_tokens, with_layer_scale=False):
         return nn.functional.linear(x, torch.zeros(4, 3))  # expects width 3, gets 4
 
-    student, teacher = _Backbone(2), _Backbone(2)
+    student, teacher = ToyBackbone(2), ToyBackbone(2)
     student.blocks[1].forward_attn = too_narrow
     forcing = TeacherForcing('block_in')
     with ModuleInputsRecorder('blocks.{i}').attach(teacher) as block_in:

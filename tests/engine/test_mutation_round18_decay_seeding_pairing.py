@@ -28,7 +28,8 @@ from typing import List, Sequence, Tuple
 
 import pytest
 import torch
-import torch.nn as nn
+
+from teacher_forcing_toys import ToyBackbone
 
 
 def _touch(path: Path) -> None:
@@ -37,45 +38,13 @@ def _touch(path: Path) -> None:
 
 
 # ------------------------------------------------------------------------- teacher forcing
-class _Block(nn.Module):
-    """``forward`` is ``2 x + 1``; ``forward_attn`` records what it was given."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(()))
-        self.calls: List[tuple] = []
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return 2 * x + 1
-
-    def forward_attn(self, x: torch.Tensor, hw_shape: Sequence[int], num_prefix_tokens: int,
-                     with_layer_scale: bool = False) -> torch.Tensor:
-        self.calls.append((x.detach().clone(), tuple(hw_shape), num_prefix_tokens,
-                           with_layer_scale))
-        return x * self.weight
-
-
-class _Backbone(nn.Module):
-    """``depth`` blocks run in order on (B, N, C) tokens."""
-
-    def __init__(self, depth: int, patch_size: int = 16, num_prefix_tokens: int = 1) -> None:
-        super().__init__()
-        self.blocks = nn.ModuleList(_Block() for _ in range(depth))
-        self.patch_size, self.num_prefix_tokens = patch_size, num_prefix_tokens
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for blk in self.blocks:
-            x = blk(x)
-        return x
-
-
 def test_a_teacher_without_a_patch_size_is_not_compared():
     """The patch sizes are compared only when the teacher states one (``patch_size`` is
     ``None`` or missing, e.g. a teacher without a patch embedding attribute): its absence is
     not "another patch size", so the check passes; the prefix tokens are still compared."""
     from mmlinvit.distill import DistillationConfigError, ModuleInputsRecorder
     from mmlinvit.distill.teacher_forcing import TeacherForcing
-    student, teacher = _Backbone(2, patch_size=14), _Backbone(2)
+    student, teacher = ToyBackbone(2, patch_size=14), ToyBackbone(2)
     del teacher.patch_size
     with ModuleInputsRecorder('blocks.{i}').attach(teacher) as block_in:
         TeacherForcing('block_in').check(student, teacher, dict(block_in=block_in))
@@ -92,7 +61,7 @@ def test_a_recorder_of_some_blocks_forces_exactly_those_student_blocks(
     ``x``, ``2x + 1``, ``2(2x + 1) + 1`` for i = 0, 1, 2."""
     from mmlinvit.distill import ModuleInputsRecorder
     from mmlinvit.distill.teacher_forcing import TeacherForcing
-    student, teacher = _Backbone(3), _Backbone(3)
+    student, teacher = ToyBackbone(3), ToyBackbone(3)
     tokens = torch.randn(2, 5, 4)
     teacher_inputs = [tokens, 2 * tokens + 1, 2 * (2 * tokens + 1) + 1]
     forcing = TeacherForcing('block_in')

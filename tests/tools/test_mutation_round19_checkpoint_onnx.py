@@ -383,17 +383,7 @@ def test_a_nan_onnxruntime_output_fails_the_check(export_tool: Any,
     False for every tolerance (IEEE 754), so the exit status must be 1."""
     pytest.importorskip('onnxruntime')
 
-    class Identity(nn.Module):
-        def forward(self, images: torch.Tensor) -> Tuple[torch.Tensor]:
-            return (images, )
-
-    info = dict(crop=(8, 8), pads_outside_backbone=False, patch_size=8, which='student',
-                part='backbone', model='Identity', backbone='Identity',
-                input=dict(prepare='as is'))
-    monkeypatch.setattr(export_tool, 'build_export_module',
-                        lambda *args, **kwargs: (Identity(), dict(info)))
-    monkeypatch.setattr(export_tool, 'export_onnx',
-                        lambda module, images, out, opset: _identity_onnx(out) or ['out0'])
+    _fake_build(export_tool, monkeypatch)
     monkeypatch.setattr(export_tool, 'onnxruntime_outputs',
                         lambda session, images: [torch.full_like(images, float('nan'))])
     nan = torch.tensor(float('nan'))
