@@ -112,8 +112,7 @@ def load_weights(module: nn.Module, path: str, where: str,
         if not missing and not unexpected:
             own_state = module.state_dict()
             shapes = [f'{k}: {tuple(v.shape)} vs {tuple(own_state[k].shape)}'
-                      for k, v in sub.items()
-                      if k in own_state and tuple(v.shape) != tuple(own_state[k].shape)]
+                      for k, v in sub.items() if tuple(v.shape) != tuple(own_state[k].shape)]
             if shapes:
                 raise ValueError(f'{path} has the keys of the {where} but other shapes '
                                  f'(checkpoint vs model; another size or config?): '
