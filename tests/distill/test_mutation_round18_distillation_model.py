@@ -276,6 +276,20 @@ def _attn_out_model() -> DistillationModel:
             inputs=dict(student_outputs='student.a', teacher_outputs='teacher.a')))))
 
 
+def test_a_bare_backbone_student_names_what_segmentation_tools_miss() -> None:
+    """``out_channels`` / ``decode_head`` are the student's; a bare-backbone student has
+    neither. ``hasattr`` stays False (mmseg probes with it), and the error names the student
+    and the fix instead of torch's generic "object has no attribute" text."""
+    model = _attn_out_model()
+    for name in ('out_channels', 'decode_head'):
+        assert not hasattr(model, name)
+        with pytest.raises(AttributeError, match=rf'(?s)student \(VisionTransformer\) has no '
+                           rf'{name}.*mmseg segmentor'):
+            getattr(model, name)
+    with pytest.raises(AttributeError, match="has no attribute 'not_there'"):
+        model.not_there
+
+
 def test_an_unknown_schedule_term_is_named_with_the_existing_ones() -> None:
     model = _attn_out_model()
     with pytest.raises(KeyError, match=r"Unknown distill term 'attn'; terms: \['attn_out'\]"):

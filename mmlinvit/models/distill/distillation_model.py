@@ -73,6 +73,9 @@ def _drop_teacher_state(module: nn.Module, state_dict: Dict[str, Any], prefix: s
         del state_dict[key]
 
 
+_STUDENT_SEGMENTOR_ATTRIBUTES = ('out_channels', 'decode_head')
+
+
 @MODELS.register_module()
 class DistillationModel(BaseModel):
     """A trainable student and a frozen teacher with configurable distillation terms.
@@ -274,19 +277,30 @@ class DistillationModel(BaseModel):
     def out_channels(self) -> int:
         """The segmentation student's ``out_channels`` (what mmseg's ``SegTTAModel`` reads
         of the model it wraps: predictions are the student's)."""
-        if not hasattr(self.student, 'out_channels'):
-            raise AttributeError(f'the student ({type(self.student).__name__}) has no '
-                                 f'out_channels')
         return self.student.out_channels
 
     @property
     def decode_head(self) -> nn.Module:
         """The segmentation student's decode head (mmseg's ``SegTTAModel`` reads its
         ``threshold`` when the student predicts one channel, a binary task)."""
-        if not hasattr(self.student, 'decode_head'):
-            raise AttributeError(f'the student ({type(self.student).__name__}) has no '
-                                 f'decode_head')
         return self.student.decode_head
+
+    def __getattr__(self, name: str) -> Any:
+        """Name the student when one of its segmentor attributes is missing.
+
+        A property that raises ``AttributeError`` falls through to ``nn.Module.__getattr__``,
+        whose generic message would replace the property's own; this says what is missing.
+        """
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name not in _STUDENT_SEGMENTOR_ATTRIBUTES or 'student' not in self._modules:
+                raise
+            raise AttributeError(
+                f'DistillationModel.{name} is the student\'s, and the student '
+                f'({type(self._modules["student"]).__name__}) has no {name}: it is read by '
+                f'segmentation tools (mmseg SegTTAModel, test-time augmentation), which need '
+                f'an mmseg segmentor student') from None
 
     def student_backbone(self) -> nn.Module:
         """The student's backbone (the student itself when it is a bare backbone)."""
