@@ -309,7 +309,8 @@ def _save_best_problem(cfg: Any) -> Optional[str]:
     if keys is None:
         return None
     wanted = [save_best] if isinstance(save_best, str) else list(save_best)
-    missing = [k for k in wanted if k not in keys]
+    # mmengine's CheckpointHook reads ['auto'] (it allows 'auto' only alone) as 'auto'
+    missing = [k for k in wanted if k != 'auto' and k not in keys]
     if not missing:
         return None
     suggestion = keys[1] if len(keys) > 1 else keys[0]
