@@ -29,6 +29,10 @@ def check_linear_attention_inputs(q: torch.Tensor, k: torch.Tensor,
                          f'{v.shape[-2]}')
     if k.shape[-2] == 0:
         raise ValueError('linear attention needs at least one key token (M >= 1)')
+    for name, t in (('q', q), ('k', k), ('v', v)):
+        if not t.is_floating_point():
+            raise ValueError(f'linear attention takes floating-point q, k, v; {name} has '
+                             f'dtype {t.dtype} (convert it with .float())')
     return lead
 
 
