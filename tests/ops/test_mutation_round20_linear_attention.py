@@ -196,8 +196,8 @@ def test_triton_inline_refuses_a_non_finite_scale(kernels, scale: float) -> None
 @requires_triton
 @run_here
 def test_triton_16bit_dots_are_refused_for_bf16_in_the_interpreter(kernels) -> None:
-    """Mutants K22 (bf16 accepted), K23 (see below): with the sweep option on, 16-bit dot operands are taken
-    for fp16 (and, compiled, bf16) inputs of one dtype, never for bf16 in the interpreter,
+    """Mutants K22 (bf16 accepted), K23 (see below): with the sweep option on, 16-bit dot
+    operands are taken for fp16 (and, compiled, bf16) inputs of one dtype, never for bf16 in the interpreter,
     whose bf16 dots are wrong (the option's documented exception)."""
     fused, device = kernels
     cfg = fused._LaunchConfig(16, 16, device, 'ieee')

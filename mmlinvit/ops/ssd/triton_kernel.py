@@ -47,7 +47,8 @@ wrong); on GPU, 16-bit inputs use TF32 tensor cores and fp32 inputs IEEE fp32 un
 absolute error of ~eps * |cs| in the log weights, i.e. ~1e-5 relative for |cs| ~ 100), whereas
 the torch path forms them from fp64 sums; the chunk size bounds |cs|.  Heads P and states N
 up to 128, any value (power-of-two padding with masks); any chunk size >= 1 (non-powers of
-two are masked); fp32/fp16/bf16 inputs with arbitrary strides (no copies).
+two are masked); fp32/fp16/bf16 inputs with arbitrary strides (no copies; the (H,) A and D are made
+contiguous, as the kernels index them by head).
 
 This module imports triton at import time: import it only through :mod:`.dispatch`, which
 checks that triton is installed first.  The kernels run in the Triton CPU interpreter (CPU
@@ -640,5 +641,8 @@ def ssd_scan_triton(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch
     _validate(x, dt, A, B, C, D, chunk_size)
     if x.shape[0] == 0 or x.shape[1] == 0:
         return x.new_zeros(x.shape)
+    # The kernels read A[h] and D[h] without a stride: copy (H,) views (cheap, differentiable).
+    A = A.contiguous()
+    D = None if D is None else D.contiguous()
     return _SSDScanTriton.apply(x, dt, A, B, C, D, chunk_size)
 
