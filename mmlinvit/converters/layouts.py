@@ -252,6 +252,13 @@ def _fix_timm_pos_embed(out: StateDict, report: ConversionReport,
         'all_prefix': int(has_cls) + num_reg,  # timm no_embed_class=False: every prefix
     }
     if no_embed_class is True:
+        if not fits(length):  # like no_embed_class=False, a reading that does not fit is refused
+            grid = (f'the recorded {recorded[0]}x{recorded[1]} grid' if recorded is not None
+                    else 'a square grid')
+            raise ValueError(f'no_embed_class=True reads all {length} pos_embed rows as grid '
+                             f'positions, but they are not {grid} (class token: {has_cls}, '
+                             f'register tokens: {num_reg}); pass no_embed_class=False, or None '
+                             f'to infer the reading from the row count')
         names = ['no_embed_class']
     elif no_embed_class is False:
         names = [n for n in ('all_prefix', 'canonical') if fits(length - readings[n])][:1]
