@@ -616,9 +616,9 @@ def init_cpu_distributed(launcher: str) -> None:
 
 def _add_custom_hook(cfg: Config, hook_type: str, **kwargs: Any) -> None:
     hooks = list(cfg.get('custom_hooks', None) or [])
-    names = {h.get('type') for h in hooks if isinstance(h, dict)}
-    short = hook_type.split('.', 1)[1]
-    if hook_type not in names and short not in names:
+    # 'mmlinvit.X', 'X' or the class X itself (pure-Python configs)
+    names = {config_type_name(h.get('type')) for h in hooks if isinstance(h, dict)}
+    if hook_type.split('.', 1)[1] not in names:
         hooks.append(dict(type=hook_type, **kwargs))
     cfg.custom_hooks = hooks
 
