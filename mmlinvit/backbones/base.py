@@ -241,6 +241,21 @@ class TokenBackbone(nn.Module):
                                     self.pos_grid, self.pos_interp)
         return torch.cat([pos[:, :before], patches, pos[:, pos.shape[1] - after:]], dim=1)
 
+    def on_model_grid(self, pos: torch.Tensor,
+                      recorded: Optional[Tuple[int, int]] = None) -> bool:
+        """Whether a checkpoint ``pos_embed`` of this model's shape is on this model's grid.
+
+        With a record (``pos_embed_grid``) it is when the record is the model grid.  Without
+        one the grid is square (official releases, mmlinvit files from before the record): a
+        square row count is that square grid, which a non-square model grid of the same count
+        (16 x 64 and 32 x 32) is not; another count can only be the model's own grid.
+        """
+        if recorded is not None:
+            return tuple(recorded) == tuple(self.pos_grid)
+        n = self.patch_rows(pos).shape[1]
+        side = int(n**0.5 + 0.5)
+        return side * side != n or self.pos_grid[0] == self.pos_grid[1]
+
     def pos_embed_loads(self, pos: torch.Tensor,
                         recorded: Optional[Tuple[int, int]] = None) -> bool:
         """Whether a checkpoint ``pos_embed`` of another shape is a grid this model resamples:
@@ -305,8 +320,8 @@ class TokenBackbone(nn.Module):
             return
         ckpt = state_dict[key]
         recorded = recorded_pos_grid(state_dict, prefix)
-        same_grid = recorded is None or recorded == tuple(self.pos_grid)
-        if ((ckpt.shape == self.pos_embed.shape and same_grid) or ckpt.ndim != 3
+        if ((ckpt.shape == self.pos_embed.shape and self.on_model_grid(ckpt, recorded))
+                or ckpt.ndim != 3
                 or ckpt.shape[-1] != self.embed_dims):
             return
         theirs = prefix + 'cls_token' in state_dict

@@ -511,12 +511,13 @@ def _fit_pos_grid(model: nn.Module, state_dict: Dict[str, torch.Tensor],
     if not isinstance(model, TokenBackbone) or pos is None or model.pos_embed is None:
         return
     recorded = recorded_pos_grid(state_dict)
-    if pos.shape == model.pos_embed.shape and recorded in (None, tuple(model.pos_grid)):
+    if pos.shape == model.pos_embed.shape and model.on_model_grid(pos, recorded):
         return
     src = model.checkpoint_grid(pos, recorded)
     state_dict['pos_embed'] = model.resample_pos_embed(pos, recorded)
-    if recorded is not None:  # the grid it describes is gone: the model's own is loaded
-        state_dict[POS_GRID_RECORD] = torch.tensor(tuple(model.pos_grid), dtype=torch.long)
+    # the grid it describes (or the square one without a record) is gone: the model's own
+    # is loaded, and says so to the load_state_dict hook (which would resample it again)
+    state_dict[POS_GRID_RECORD] = torch.tensor(tuple(model.pos_grid), dtype=torch.long)
     dst = model.pos_grid
     report.notes.append(f'pos_embed resampled ({model.pos_interp}) from a {src[0]}x{src[1]} '
                         f'grid to the model grid {dst[0]}x{dst[1]}')

@@ -339,7 +339,8 @@ def pair_state_dicts(student: VisionTransformer, teacher: TeacherLike
             continue
         target_shape = student_state[key].shape
         teacher_grid = _teacher_grid(teacher) if key == 'pos_embed' else None
-        if value.shape == target_shape and teacher_grid in (None, tuple(student.pos_grid)):
+        if value.shape == target_shape and (key != 'pos_embed'
+                                            or student.on_model_grid(value, teacher_grid)):
             counterparts[key] = value
             continue
         if key == 'pos_embed':
