@@ -58,15 +58,31 @@ def checkpoint_file_problem(path: Union[str, os.PathLike],
                 '(job killed or disk full)')
     with open(path, 'rb') as f:
         head = f.read(32)
-    if path.endswith('.safetensors'):
+    if is_safetensors_path(path):
         return _safetensors_problem(path, head, size)
     if head.startswith(ZIP_MAGIC):
         return _zip_problem(path, size, verify_data)
     if _is_legacy_torch(head):
         return None
+    if _starts_safetensors(head, size):
+        return (f'is a safetensors file without the .safetensors suffix, which chooses the '
+                f'reader: rename it to {os.path.splitext(os.path.basename(path))[0]}'
+                f'.safetensors')
     return (f'is not a PyTorch checkpoint: it is neither a zip archive (torch.save) nor a '
             f'legacy torch file (its {size} bytes start with {head[:8].hex(" ")}); the file '
             f'is damaged or is something else, so it was not unpickled')
+
+
+def is_safetensors_path(path: str) -> bool:
+    """Whether ``path`` is read as a safetensors file (its suffix, in any case)."""
+    return path.lower().endswith('.safetensors')
+
+
+def _starts_safetensors(head: bytes, size: int) -> bool:
+    """Whether ``head`` starts a safetensors file: an 8-byte little-endian header length that
+    fits the file, then the header's JSON object."""
+    return (len(head) > 8 and head[8:9] == b'{'
+            and 8 + int.from_bytes(head[:8], 'little') <= size)
 
 
 def _is_legacy_torch(head: bytes) -> bool:

@@ -14,7 +14,8 @@ import torch.nn as nn
 from mmlinvit.backbones.base import TokenBackbone
 from mmlinvit.backbones.training_record import MLP_ACT_RECORD, decode_names, encode_names
 from mmlinvit.layers.pos_embed import POS_GRID_RECORD, recorded_pos_grid
-from .checkpoint_file import ZIP_MAGIC, CheckpointFileError, checkpoint_file_problem
+from .checkpoint_file import (ZIP_MAGIC, CheckpointFileError, checkpoint_file_problem,
+                              is_safetensors_path)
 from .layouts import (ADVENTURER_BLOCK_KEY, CHECKPOINT_LAYOUTS, ConversionResult, StateDict,
                       detect_layout, select_backbone)
 from .report import ConversionReport, summarise_keys
@@ -170,7 +171,7 @@ def load_checkpoint_file(path: str, trust_checkpoint: bool = False) -> StateDict
     problem = checkpoint_file_problem(path)  # truncated / empty / not a checkpoint at all
     if problem is not None:
         raise CheckpointFileError(f'Checkpoint {path!r} {problem}')
-    if path.endswith('.safetensors'):
+    if is_safetensors_path(path):
         if importlib.util.find_spec('safetensors') is None:
             raise ImportError(f'Reading {path!r} needs the safetensors package: '
                               f'pip install safetensors')

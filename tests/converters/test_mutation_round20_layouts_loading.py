@@ -17,7 +17,9 @@ the official layouts or run in it:
   others names them; the final-norm hint is only for ViT files;
 * loading: no resampling note for a model without a position embedding; OpenAI CLIP keys
   loaded by name (mmengine ``load_from``) go through the same activation check as
-  ``pretrained=``.
+  ``pretrained=``;
+* a safetensors file is told by its content when its name lacks the suffix (the rename is
+  named) and its suffix is read in any case.
 
 Finding of this round (``test_no_embed_class_true_refuses_rows_that_are_no_grid``, which fails
 on the code before the fix in ``layouts._fix_timm_pos_embed``): ``no_embed_class=True``
@@ -298,3 +300,32 @@ def test_no_embed_class_true_refuses_rows_that_are_no_grid() -> None:
     out, _ = convert_timm(grid_only, no_embed_class=True)
     expected = torch.cat([torch.zeros(1, 1, C), grid_only['pos_embed']], dim=1)
     assert torch.equal(out['pos_embed'], expected)
+
+
+# ------------------------------------------------------------------ safetensors by content
+def test_a_safetensors_file_is_named_by_its_content_and_its_suffix_in_any_case(
+        tmp_path) -> None:
+    """A safetensors file (written by the safetensors package itself) saved as ``.pth`` was
+    "not a PyTorch checkpoint ... damaged or something else"; it is named as a safetensors
+    file with the rename that reads it. ``.SAFETENSORS`` is read as ``.safetensors``."""
+    from safetensors.torch import save_file
+
+    from mmlinvit.converters.checkpoint_file import CheckpointFileError
+    from mmlinvit.converters.loading import load_checkpoint_file
+    tensors = {'pos_embed': torch.arange(6.).reshape(1, 3, 2), 'cls_token': torch.ones(1, 1, 2)}
+    misnamed = tmp_path / 'vit_small.pth'
+    save_file(tensors, str(misnamed))
+    with pytest.raises(CheckpointFileError,
+                       match=r'is a safetensors file .*rename it to vit_small\.safetensors'):
+        load_checkpoint_file(str(misnamed))
+    upper = tmp_path / 'vit_small.SAFETENSORS'
+    save_file(tensors, str(upper))
+    loaded = load_checkpoint_file(str(upper))
+    assert loaded.keys() == tensors.keys()
+    assert all(torch.equal(loaded[k], v) for k, v in tensors.items())
+    # a torch file is still told from it: bytes that start with '{' after 8 are not enough
+    # when the claimed header does not fit the file
+    junk = tmp_path / 'junk.pth'
+    junk.write_bytes((10**6).to_bytes(8, 'little') + b'{"a": 1}')
+    with pytest.raises(CheckpointFileError, match='is not a PyTorch checkpoint'):
+        load_checkpoint_file(str(junk))
