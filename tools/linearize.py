@@ -206,8 +206,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     check_names(attn_cfg, args.strategy, arch, args.family)
     if args.student_reg_tokens is not None and args.student_reg_tokens < 0:
         usage_error(f'--student-reg-tokens must be 0 or more, got {args.student_reg_tokens}')
+    # the class's signature: an option-free strategy (object.__init__) takes no options
     parameters = inspect.signature(TRANSFER_STRATEGIES.get(
-        args.strategy.removeprefix('mmlinvit.')).__init__).parameters.values()
+        args.strategy.removeprefix('mmlinvit.'))).parameters.values()
     accepted = [p.name for p in parameters if p.name != 'self' and p.kind != p.VAR_KEYWORD]
     unknown = sorted(set(strategy_options) - set(accepted))
     if unknown and not any(p.kind == p.VAR_KEYWORD for p in parameters):
