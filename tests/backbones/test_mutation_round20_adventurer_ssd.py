@@ -38,6 +38,7 @@ from mmlinvit.ops.ssd import ssd_scan_torch
 from mmlinvit.ops.ssd import torch_impl
 
 from call_spy import CallSpy
+from test_mutation_round15_adventurer_ssd import _LargestTensor
 
 pytestmark = pytest.mark.usefixtures('one_thread')
 
@@ -81,21 +82,6 @@ def recurrence(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tens
     if D is not None:
         y = y + D.double()[None, None, :, None] * x
     return y
-
-
-class _LargestTensor(TorchDispatchMode):
-    """Records the element count of the largest tensor any op produces."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.numel = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in (out if isinstance(out, (tuple, list)) else (out, )):
-            if isinstance(t, torch.Tensor):
-                self.numel = max(self.numel, t.numel())
-        return out
 
 
 class _MutatingOps(TorchDispatchMode):

@@ -30,34 +30,10 @@ import mmlinvit.backbones.base as base
 from mmlinvit.backbones import LinearVisionTransformer, VisionTransformer
 from mmlinvit.layers.attention import ATTENTION_OPERATORS
 
+from test_mutation_round10_vit import _randomise_
+from test_mutation_round15_vit_base import DEPTH, MMP_ARCH, OUR_ARCH, WIDTH, _vit
+
 mmpretrain_backbones = pytest.importorskip('mmpretrain.models.backbones')
-
-WIDTH, DEPTH, HEADS, HIDDEN = 32, 2, 2, 64
-OUR_ARCH = dict(embed_dims=WIDTH, num_layers=DEPTH, num_heads=HEADS, mlp_hidden_dims=HIDDEN)
-MMP_ARCH = dict(embed_dims=WIDTH, num_layers=DEPTH, num_heads=HEADS,
-                feedforward_channels=HIDDEN)
-
-
-def _vit(**kwargs) -> VisionTransformer:
-    """A tiny DeiT-family ViT on a 2 x 2 grid of 16-pixel patches."""
-    return VisionTransformer(dict(OUR_ARCH), family='deit', img_size=32, patch_size=16,
-                             **kwargs)
-
-
-def _randomise_(model: nn.Module, seed: int = 0) -> None:
-    """Every parameter random at a sensible scale (norm weights around 1, not the init)."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen)
-            if p.ndim == 1 and name.endswith('weight'):
-                p.copy_(1.0 + 0.2 * noise)
-            elif name.endswith('bias'):
-                p.copy_(0.1 * noise)
-            elif name in ('cls_token', 'pos_embed'):
-                p.copy_(0.5 * noise)
-            else:
-                p.copy_(noise / p[0].numel()**0.5)
 
 
 # ------------------------------------------------------------------ fidelity to mmpretrain

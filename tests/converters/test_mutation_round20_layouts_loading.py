@@ -30,7 +30,6 @@ Expected values are written by hand from the official layouts (timm ``VisionTran
 HuggingFace ``CLIPVisionEmbeddings``, OpenAI CLIP ``VisionTransformer``, the public Adventurer
 code) or come from the official code (timm) run in the test.
 """
-import math
 from typing import Any, Dict, Optional
 
 import pytest
@@ -41,27 +40,13 @@ from mmlinvit.backbones.training_record import TrainingRecordMismatchError
 from mmlinvit.converters import (CheckpointMismatchError, convert_state_dict, convert_timm,
                                  detect_layout, load_pretrained)
 
+from test_mutation_round14_loading_layouts import _randomise
+
 C = 8  # embedding width of the hand-written state dicts
 
 
 def _randn(*shape: int, seed: int) -> torch.Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
-
-
-def _randomise(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    """Every parameter random (norm weights around 1), so a wrong row or name shows."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen)
-            if p.ndim == 1 and name.endswith('weight'):
-                p.copy_(1.0 + 0.2 * noise)
-            elif p.ndim >= 2 and name not in ('cls_token', 'reg_token', 'pos_embed'):
-                p.copy_(noise / math.sqrt(p[0].numel()))
-            else:
-                p.copy_(0.5 * noise)
-    model.eval()
-    return model
 
 
 # --------------------------------------------------------------------------- detection

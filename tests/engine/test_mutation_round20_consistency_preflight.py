@@ -18,19 +18,18 @@ worked out by hand:
 * pre-flight: a config without ``launcher`` is one process (mmengine's ``Runner`` default)
   for SyncBN heads and no train loader means no batch-size problem.
 """
-import os
-import os.path as osp
-from typing import Iterator, Optional, Sequence
+from typing import Iterator, Optional
 
-import numpy as np
 import pytest
 import torch
 from mmengine.config import Config
 from mmengine.logging import MMLogger
-from PIL import Image
 
 from mmlinvit.engine import config_consistency as cc
 from mmlinvit.engine import preflight as pf
+
+from test_mutation_round11_config_consistency import _image_folder
+from test_mutation_round16_config_consistency import _label_maps
 
 pytestmark = pytest.mark.usefixtures('one_thread')
 
@@ -47,16 +46,6 @@ def _no_global_loggers_left() -> Iterator[None]:
 
 
 # ------------------------------------------------------------------------------ helpers
-def _image_folder(root: str, classes: Sequence[str]) -> str:
-    """Two PNGs per class in mmpretrain's ``CustomDataset`` layout ``root/train/<class>``."""
-    for name in classes:
-        folder = osp.join(root, 'train', name)
-        os.makedirs(folder, exist_ok=True)
-        for i in range(2):
-            Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(osp.join(folder, f'{i}.png'))
-    return root
-
-
 def _cls_config(dataset: dict, num_classes: int) -> Config:
     head = dict(type='LinearClsHead', num_classes=num_classes, in_channels=8)
     return Config(dict(model=dict(type='ImageClassifier', head=head),
@@ -165,21 +154,6 @@ def test_save_best_auto_in_a_list_is_auto(tmp_path) -> None:
 
 
 # ------------------------------------------------------------------------------ label maps
-def _label_maps(root: str, maps: Sequence[Sequence[int]], split: str = 'train') -> str:
-    """Writes one 8x8 label map per entry of ``maps`` (its values first, zeros after) as
-    ``root/ann/<split>/<i>.png`` and an image ``root/img/<split>/<i>.png``."""
-    folder = osp.join(root, 'ann', split)
-    images = osp.join(root, 'img', split)
-    os.makedirs(folder, exist_ok=True)
-    os.makedirs(images, exist_ok=True)
-    for i, values in enumerate(maps):
-        label = np.zeros((8, 8), np.uint8)
-        label.flat[:len(values)] = values
-        Image.fromarray(label).save(osp.join(folder, f'{i:03d}.png'))
-        Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(osp.join(images, f'{i:03d}.png'))
-    return root
-
-
 def _seg_dataset(root: str, split: str = 'train', **extra) -> dict:
     dataset = dict(type='BaseSegDataset', data_root=root, pipeline=[], img_suffix='.png',
                    seg_map_suffix='.png', metainfo=dict(classes=('a', 'b')),

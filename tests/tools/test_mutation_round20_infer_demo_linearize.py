@@ -39,8 +39,9 @@ from PIL import Image
 
 from mmlinvit.utils.cli import load_script
 
+from test_mutation_round11_infer_deploy import TINY_VIT, teacher_file  # noqa: F401 (fixture)
+
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-TINY_VIT = dict(embed_dims=32, num_layers=2, num_heads=2, mlp_hidden_dims=64)
 
 
 @pytest.fixture(autouse=True)
@@ -277,7 +278,6 @@ def test_demo_defaults_are_the_documented_ones(demo: Any) -> None:
 
 def _help(demo: Any, option: str) -> str:
     """The help text of one of the demo's options."""
-    import argparse
     import contextlib
     import io
     with contextlib.redirect_stdout(io.StringIO()) as text, pytest.raises(SystemExit):
@@ -361,17 +361,6 @@ def test_demo_miou_is_mmsegs_over_the_classes_present(demo: Any,
 
 
 # ------------------------------------------------------------------------------- linearize
-@pytest.fixture(scope='module')
-def teacher_file(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A tiny DeiT-family softmax ViT (32 x 32 px, patch 8) saved as a plain state dict."""
-    from mmlinvit.backbones import VisionTransformer
-    torch.manual_seed(0)
-    path = str(tmp_path_factory.mktemp('round20_lin') / 'teacher.pth')
-    torch.save(VisionTransformer(TINY_VIT, family='deit', img_size=32,
-                                 patch_size=8).state_dict(), path)
-    return path
-
-
 def _usage_error(linearize: Any, argv: List[str], capsys: pytest.CaptureFixture) -> str:
     """The ``error:`` line of a command line the tool refuses with exit status 2."""
     with pytest.raises(SystemExit) as exc:
