@@ -72,8 +72,11 @@ def sample_patch_mask(batch_size: int, num_patches: int, ratio: float, seed: int
         (B, N) bool, True where a patch is masked.
 
     Raises:
-        DistillationConfigError: when the ratio leaves no patch visible.
+        DistillationConfigError: when the ratio is outside [0, 1) or leaves no patch visible.
     """
+    ratio = float(ratio)
+    if not 0.0 <= ratio < 1.0:  # NaN too; a negative count would slice from the end
+        raise DistillationConfigError(f'patch_masking.ratio must be in [0, 1), got {ratio}')
     num_masked = num_patches - int(num_patches * (1 - ratio))
     if num_patches > 0 and num_masked >= num_patches:
         raise DistillationConfigError(

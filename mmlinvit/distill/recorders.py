@@ -2,9 +2,10 @@
 
 Torch only.  A recorder is given a module path relative to a model (``'blocks.3.attn'``, or
 ``'backbone.blocks.3.attn'`` for a task model).  A path holding ``{i}`` is a template expanded
-over block indices: ``indices=None`` records every index for which the module exists, a list
-records those indices (negative ones count from the end).  A template recorder yields a list
-of tensors (one per index, in order); a plain one yields a tensor.  Hooks only record while
+over block indices: ``indices=None`` records every block (the modules the path up to ``{i}``
+names; a block without the module is an error naming the indices that have it), a list
+records those indices (negative ones count from the last block).  A template recorder yields
+a list of tensors (one per index, in order); a plain one yields a tensor.  Hooks only record while
 the recorder is enabled, so plain inference through the same modules stores nothing.
 
 In a plain PyTorch loop use a recorder as a context manager: it records while the ``with``
@@ -108,24 +109,35 @@ class ModuleRecorder:
                     f'{type(model).__name__}; {describe_missing_module(model, self.source)}')
             self.indices, self.paths = [0], [self.source]
             return self.paths
-        count = 0
-        while module_exists(model, self.source.format(i=count)):
-            count += 1
-        if count == 0:
+        parts = self.source.split('.')
+        slot = next(k for k, part in enumerate(parts) if '{i}' in part)
+        container = '.'.join(parts[:slot + 1])  # 'blocks.{i}' of 'blocks.{i}.attn'
+        depth = 0
+        while module_exists(model, container.format(i=depth)):
+            depth += 1
+        present = [i for i in range(depth) if module_exists(model, self.source.format(i=i))]
+        if not present:
             first = self.source.format(i=0)
             raise DistillationConfigError(
                 f'{where}: no module matches {self.source!r} in {type(model).__name__} '
                 f'(first missing: {first!r}); {describe_missing_module(model, first)}')
+        exists = (f'indices 0..{depth - 1}' if len(present) == depth
+                  else f'indices {present} of the {depth} {container!r}')
         if self.requested_indices is None:
-            indices = list(range(count))
+            if len(present) != depth:  # records pair by position: a gap would shift them
+                missing = sorted(set(range(depth)) - set(present))
+                raise DistillationConfigError(
+                    f'{where}: {self.source!r} exists for {exists}, not for {missing}; give '
+                    f'indices={present} to record those')
+            indices = present
         else:
             indices = []
             for idx in self.requested_indices:
-                real = idx + count if idx < 0 else idx
-                if not 0 <= real < count:
+                real = idx + depth if idx < 0 else idx
+                if real not in present:
                     raise DistillationConfigError(
                         f'{where}: index {idx} is out of range; {self.source!r} exists for '
-                        f'indices 0..{count - 1}')
+                        f'{exists}')
                 indices.append(real)
         self.indices = indices
         self.paths = [self.source.format(i=i) for i in indices]
