@@ -37,11 +37,11 @@ TASK_METRICS = {'digits': 'held-out accuracy (%)', 'scenes': 'validation mIoU (%
 def sweep_settings(raw: Sequence[float], normalized: Sequence[float],
                    baseline: bool = True) -> List[Setting]:
     """The settings in table order: ``('none', 0)`` (when ``baseline``), then the raw and the
-    normalised weights."""
+    normalised weights; a weight given twice is one setting."""
     out: List[Setting] = [('none', 0.0)] if baseline else []
     out += [('raw', float(w)) for w in raw]
     out += [('normalized', float(w)) for w in normalized]
-    return out
+    return list(dict.fromkeys(out))
 
 
 def setting_label(setting: Setting) -> str:

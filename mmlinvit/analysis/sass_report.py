@@ -21,9 +21,10 @@ from typing import Callable, Dict, Iterator, List, Tuple
 
 import torch
 
-#: Instruction families counted, each split by access width (``.128``, ``.64``, ``.U16``).
+#: Instruction families counted, each split by access width (``.128``, ``.64``, ``.U16``,
+#: ``.S16``, ``.U8``, ``.S8``; none: 32-bit).
 COUNTED = ('LDG', 'STG', 'LDGSTS', 'LDS', 'STS', 'LDL', 'STL', 'HGMMA', 'HMMA')
-_WIDTHS = ('128', '64', 'U16')
+_WIDTHS = ('128', '64', 'U16', 'S16', 'U8', 'S8')
 _INSTRUCTION = re.compile(r'\b((?:' + '|'.join(sorted(COUNTED, key=len, reverse=True)) +
                           r')(?:\.[\w]+)*)\b')  # whole names: not LDGDEPBAR, LDSM
 

@@ -19,7 +19,6 @@ from typing import Dict, List
 
 import pytest
 import torch
-import torch.nn.functional as F
 from mmengine.structures import PixelData
 
 TINY = dict(embed_dims=16, num_layers=1, num_heads=2, mlp_hidden_dims=32)

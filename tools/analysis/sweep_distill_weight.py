@@ -102,6 +102,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     if not args.raw and not args.normalized and args.no_baseline:
         parser.error('nothing to run: give --raw and/or --normalized lambdas, or drop '
                      '--no-baseline')
+    for name in ('tasks', 'seeds', 'inits'):  # one run per value: a repeat is not run twice
+        setattr(args, name, list(dict.fromkeys(getattr(args, name))))
     return args
 
 

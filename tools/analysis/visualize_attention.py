@@ -42,6 +42,7 @@ from mmlinvit.analysis import (COMPARED_MODELS, REAL_PHOTOS, ComparedModel,  # n
                                compare_teacher_student, load_photo, query_attention_maps,
                                save_teacher_student_figure, upsample_map)
 from mmlinvit.backbones import VisionTransformer  # noqa: E402
+from mmlinvit.backbones.outputs import resolve_out_indices  # noqa: E402
 from mmlinvit.converters import load_pretrained  # noqa: E402
 from mmlinvit.layers.patch_embed import patch_grid  # noqa: E402
 from mmlinvit.utils.benchmarking import parse_size  # noqa: E402
@@ -228,7 +229,7 @@ def main(argv: Optional[List[str]] = None) -> str:
              default_query(pictures[0].shape[:2], patch))
     depth = teacher.num_layers
     layers = args.layers if args.layers is not None else sorted({0, depth // 2, depth - 1})
-    layers = [layer + depth if layer < 0 else layer for layer in layers]
+    layers = resolve_out_indices(layers, depth, 'layers')  # negative: from the end
 
     def with_suffix(maps: Dict[int, torch.Tensor], suffix: str = '') -> Dict[int, tuple]:
         return {k: (v, suffix) for k, v in maps.items()}
