@@ -31,6 +31,8 @@ from typing import Any, List, Optional
 from mmengine.config import Config
 from mmengine.logging import print_log
 
+from mmlinvit.utils.config_types import config_type_name
+
 #: mmengine ``EMAHook`` default momentum (``ExponentialMovingAverage``).
 EMA_DEFAULT_MOMENTUM = 0.0002
 
@@ -51,7 +53,7 @@ def accumulative_counts(cfg: Config) -> int:
 
 def _ema_hooks(cfg: Config) -> List[dict]:
     return [h for h in (cfg.get('custom_hooks', None) or [])
-            if isinstance(h, dict) and str(h.get('type', '')).split('.')[-1] == 'EMAHook']
+            if isinstance(h, dict) and config_type_name(h.get('type')) == 'EMAHook']
 
 
 def ema_momentum_per_iteration(momentum: float, counts: int) -> float:
@@ -174,7 +176,7 @@ def check_amp_device(cfg: Any) -> None:
             CUDA / NPU / MLU / MUSA device is available.
     """
     wrapper = cfg.get('optim_wrapper', None) or {}
-    if str(wrapper.get('type', '')).split('.')[-1] != 'AmpOptimWrapper':
+    if config_type_name(wrapper.get('type')) != 'AmpOptimWrapper':
         return
     # the functions mmengine's AmpOptimWrapper asserts with, looked up at call time
     from mmengine.optim.optimizer import amp_optimizer_wrapper as amp

@@ -213,7 +213,7 @@ def _seg_output_dump(cfg: Config, out: str) -> None:
     evaluators = cfg.test_evaluator
     metrics = [m for m in (evaluators if isinstance(evaluators, (list, tuple)) else [evaluators])
                if isinstance(m, dict)
-               and str(m.get('type', '')).split('.')[-1] in SEG_OUTPUT_METRICS]
+               and config_type_name(m.get('type')) in SEG_OUTPUT_METRICS]
     if not metrics:
         raise EvaluationFlagError(f'--out DIR saves the label maps through mmseg\'s '
                                   f'{" / ".join(SEG_OUTPUT_METRICS)} (output_dir); '
@@ -489,7 +489,7 @@ def prepare_test_config(cfg: Config,
         cfg.test_dataloader['pin_memory'] = False
     if amp:
         test_loop = cfg.get('test_cfg', None)
-        loop_type = str((test_loop or {}).get('type', 'TestLoop')).split('.')[-1]
+        loop_type = config_type_name((test_loop or {}).get('type', 'TestLoop'))
         if loop_type != 'TestLoop':
             raise EvaluationFlagError(
                 f"--amp sets fp16=True on mmengine's TestLoop; this config's test_cfg is a "

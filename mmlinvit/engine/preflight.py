@@ -30,7 +30,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 from mmengine.logging import print_log
 
 from mmlinvit.datasets.pairing import CITYSCAPES_TRAIN_ID_SUFFIX, pair_dataset_files
-from mmlinvit.utils.config_types import config_type_name
+from mmlinvit.utils.config_types import config_type_name, is_pretrained_init
 
 #: Config keys whose string value is a local checkpoint path.
 CHECKPOINT_KEYS = ('pretrained', 'checkpoint', 'teacher_checkpoint', 'teacher_ckpt',
@@ -195,8 +195,6 @@ def _iter_checkpoints(node: Any, where: str) -> Iterator[Tuple[str, str]]:
             yield from _iter_checkpoints(value, f'{where}[{i}]')
 
 
-def _is_pretrained_init(value: Any) -> bool:
-    return isinstance(value, dict) and config_type_name(value.get('type')) == 'Pretrained'
 
 
 def clear_checkpoints(node: Any, where: str = 'model') -> List[str]:
@@ -222,15 +220,15 @@ def clear_checkpoints(node: Any, where: str = 'model') -> List[str]:
                 node[key] = None
                 if value:
                     cleared.append(loc)
-            elif key == 'init_cfg' and _is_pretrained_init(value):
+            elif key == 'init_cfg' and is_pretrained_init(value):
                 node[key] = None
                 cleared.append(loc)
             elif key == 'init_cfg' and isinstance(value, (list, tuple)) and \
-                    any(_is_pretrained_init(v) for v in value):
+                    any(is_pretrained_init(v) for v in value):
                 # mmengine's init_weights cannot run a Pretrained entry without a checkpoint
                 cleared.extend(f'{loc}[{i}]' for i, v in enumerate(value)
-                               if _is_pretrained_init(v))
-                node[key] = [v for v in value if not _is_pretrained_init(v)] or None
+                               if is_pretrained_init(v))
+                node[key] = [v for v in value if not is_pretrained_init(v)] or None
             else:
                 cleared.extend(clear_checkpoints(value, loc))
     elif isinstance(node, (list, tuple)):

@@ -53,7 +53,7 @@ sys.path.insert(0, ROOT)
 
 from mmlinvit.utils.benchmarking import (exact_rss, proc_status_mib, run_json_child,  # noqa: E402
                                          write_json)
-from mmlinvit.utils.config_types import config_type_name  # noqa: E402
+from mmlinvit.utils.config_types import config_type_name, is_pretrained_init  # noqa: E402
 
 #: Backbone types that take ``with_cp`` (scope prefix stripped).
 CP_BACKBONES = ('VisionTransformer', 'LinearVisionTransformer', 'Adventurer')
@@ -122,7 +122,7 @@ def drop_pretrained(model_cfg: Any) -> int:
             node['pretrained'] = None
             count += 1
         init_cfg = node.get('init_cfg')
-        if isinstance(init_cfg, dict) and init_cfg.get('type') == 'Pretrained':
+        if is_pretrained_init(init_cfg):
             node['init_cfg'] = None
             count += 1
         for key in [k for k in node if (k.endswith('checkpoint') or k.endswith('_ckpt'))

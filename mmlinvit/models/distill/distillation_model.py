@@ -49,6 +49,7 @@ from mmlinvit.registry import MODELS
 from mmlinvit.models.segmentors import EncoderDecoder as PatchPaddingSegmentor
 from mmlinvit.transfer import (TransferStructureError, build_transfer_strategy,
                                check_transfer_structure, transfer_weights)
+from mmlinvit.utils.config_types import is_pretrained_init
 from .clip_input_stats import (warn_clip_stats_for_other_teacher,
                                warn_clip_teacher_without_clip_stats)
 from .errors import DistillationConfigError
@@ -346,8 +347,7 @@ class DistillationModel(BaseModel):
         for name, module in holders.items():
             init_cfgs = getattr(module, 'init_cfg', None) or []
             for init_cfg in (init_cfgs if isinstance(init_cfgs, (list, tuple)) else [init_cfgs]):
-                if (not pretrained and isinstance(init_cfg, dict)
-                        and str(init_cfg.get('type', '')).split('.')[-1] == 'Pretrained'):
+                if not pretrained and is_pretrained_init(init_cfg):
                     pretrained = init_cfg.get('checkpoint')
                     source = f'model.student{"." + name if name else ""}.init_cfg (Pretrained)'
         if pretrained and self.weight_transfer.name != 'random':

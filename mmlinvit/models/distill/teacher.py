@@ -10,6 +10,7 @@ from mmengine.runner.checkpoint import load_checkpoint
 
 from mmlinvit.converters.checkpoint_file import check_checkpoint_file
 from mmlinvit.registry import MODELS
+from mmlinvit.utils.config_types import is_pretrained_init
 from .errors import DistillationConfigError
 
 
@@ -75,7 +76,6 @@ def _loads_weights(teacher: nn.Module) -> bool:
             return True
         init_cfgs = getattr(module, 'init_cfg', None) or []
         for init_cfg in init_cfgs if isinstance(init_cfgs, (list, tuple)) else [init_cfgs]:
-            if (isinstance(init_cfg, dict)
-                    and str(init_cfg.get('type', '')).split('.')[-1] == 'Pretrained'):
+            if is_pretrained_init(init_cfg):
                 return True
     return False
