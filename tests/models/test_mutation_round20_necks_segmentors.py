@@ -21,7 +21,8 @@ import pytest
 import torch
 from mmengine.structures import PixelData
 
-TINY = dict(embed_dims=16, num_layers=1, num_heads=2, mlp_hidden_dims=32)
+from test_mutation_round16_models import _segmentor
+
 BN = dict(type='BN', requires_grad=True)
 PATCH = 16
 
@@ -66,23 +67,6 @@ def test_covering_pool_repr_names_its_factor(factor: int) -> None:
 
 
 # ---------------------------------------------------------------- segmentor
-def _segmentor() -> torch.nn.Module:
-    """A tiny ``mmlinvit.EncoderDecoder`` (ViT with patch 16, FCN head, 3 classes)."""
-    from mmengine.registry import DefaultScope
-    from mmseg.registry import MODELS
-    with DefaultScope.overwrite_default_scope('mmseg'):  # restored on exit
-        model = MODELS.build(dict(
-            type='mmlinvit.EncoderDecoder',
-            data_preprocessor=dict(type='SegDataPreProcessor', mean=[0.] * 3, std=[1.] * 3),
-            backbone=dict(type='mmlinvit.VisionTransformer', arch=TINY, family='deit',
-                          img_size=32, out_type='featmap', out_indices=[0]),
-            decode_head=dict(type='FCNHead', in_channels=16, channels=8, num_convs=1,
-                             num_classes=3, norm_cfg=dict(type='GN', num_groups=4),
-                             dropout_ratio=0.0, align_corners=False),
-            train_cfg=dict(), test_cfg=dict(mode='whole')))
-    return model.eval()
-
-
 def test_a_backbone_without_patch_size_has_no_patch_grid() -> None:
     """``patch_multiple`` is documented to return ``None`` for a backbone without a
     ``patch_size`` (a CNN); ``patch_pads`` then pads nothing."""
