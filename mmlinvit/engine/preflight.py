@@ -195,8 +195,6 @@ def _iter_checkpoints(node: Any, where: str) -> Iterator[Tuple[str, str]]:
             yield from _iter_checkpoints(value, f'{where}[{i}]')
 
 
-
-
 def clear_checkpoints(node: Any, where: str = 'model') -> List[str]:
     """Sets every checkpoint path and ``Pretrained`` init_cfg under ``node`` to None, in place.
 
