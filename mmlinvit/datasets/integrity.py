@@ -153,6 +153,7 @@ def check_sample(img_path: str,
     Returns:
         Problems; empty when both decode and their pixels pair up as the pipeline loads them.
     """
+    decoding = decoding or ImageDecoding()
     problems = []
     img_size, reason, orientation = _decode(img_path)
     if reason:
@@ -162,9 +163,8 @@ def check_sample(img_path: str,
         if reason:
             problems.append((seg_map_path, f'label map {reason}'))
         elif img_size is not None and orientation != 1 and \
-                _orientation_applied(img_path, decoding or ImageDecoding()):
-            problem = _orientation_problem(img_path, img_size, orientation, seg_size,
-                                           decoding or ImageDecoding())
+                _orientation_applied(img_path, decoding):
+            problem = _orientation_problem(img_path, img_size, orientation, seg_size, decoding)
             if problem:
                 problems.append((seg_map_path, problem))
         elif img_size is not None and seg_size != img_size:

@@ -367,6 +367,14 @@ def _class_wrapper_cfg(**wrapper: object) -> Config:
                                           optimizer=dict(type='SGD', lr=0.1), **wrapper)))
 
 
+def amp_train_args(work_dir: str) -> argparse.Namespace:
+    """The arguments of mmpretrain's ``tools/train.py`` for ``c.py --amp --work-dir DIR``."""
+    return argparse.Namespace(no_validate=False, launcher='none', work_dir=work_dir,
+                              config='c.py', amp=True, resume=None, auto_scale_lr=False,
+                              no_pin_memory=False, no_persistent_workers=False,
+                              cfg_options=None)
+
+
 def _wrapper_class(type_: object) -> type:
     """The class a wrapper ``type`` builds (a class, or a name in mmengine's registry)."""
     return type_ if isinstance(type_, type) else OPTIM_WRAPPERS.get(type_)
@@ -383,10 +391,7 @@ def test_amp_turns_an_optim_wrapper_class_into_amp_as_mmpretrains_merge_args(
     if not osp.isfile(path):
         pytest.skip(f'{path} is not shipped')
     official = load_script(path, 'mmpretrain_r16_train_tool')
-    args = argparse.Namespace(no_validate=False, launcher='none', work_dir=str(tmp_path),
-                              config='c.py', amp=True, resume=None, auto_scale_lr=False,
-                              no_pin_memory=False, no_persistent_workers=False,
-                              cfg_options=None)
+    args = amp_train_args(str(tmp_path))
     theirs = official.merge_args(_class_wrapper_cfg(), args)
     ours = prepare_train_config(_class_wrapper_cfg(), 'c.py', work_dir=str(tmp_path), amp=True)
     assert _wrapper_class(ours.optim_wrapper.type) is AmpOptimWrapper

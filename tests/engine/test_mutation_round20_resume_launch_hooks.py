@@ -35,6 +35,7 @@ import torch
 from mmlinvit.engine.hooks import CheckFiniteHook
 from mmlinvit.engine.resume import (numbered_checkpoints, resume_candidates,
                                      select_resume_checkpoint, warn_changed_resume_config)
+from test_mutation_round16_launch_preflight import amp_train_args
 from train_testing import captured_log
 
 pytestmark = pytest.mark.usefixtures('one_thread')
@@ -228,8 +229,6 @@ def test_amp_keeps_a_configured_loss_scale_as_mmpretrains_merge_args(tmp_path: P
     """``--amp`` on ``OptimWrapper`` with ``loss_scale=512`` (a static scale the config asks
     for): mmpretrain's ``merge_args`` (run here) keeps it (``setdefault``); only a config
     without one gets ``'dynamic'``."""
-    import argparse
-
     from mmengine.config import Config
 
     from mmlinvit.engine.launch import prepare_train_config
@@ -244,10 +243,7 @@ def test_amp_keeps_a_configured_loss_scale_as_mmpretrains_merge_args(tmp_path: P
                            optim_wrapper=dict(type='OptimWrapper', loss_scale=512.0,
                                               optimizer=dict(type='SGD', lr=0.1))))
 
-    args = argparse.Namespace(no_validate=False, launcher='none', work_dir=str(tmp_path),
-                              config='c.py', amp=True, resume=None, auto_scale_lr=False,
-                              no_pin_memory=False, no_persistent_workers=False,
-                              cfg_options=None)
+    args = amp_train_args(str(tmp_path))
     theirs = official.merge_args(cfg(), args)
     ours = prepare_train_config(cfg(), 'c.py', work_dir=str(tmp_path), amp=True)
     assert theirs.optim_wrapper.type == ours.optim_wrapper.type == 'AmpOptimWrapper'

@@ -25,11 +25,9 @@ worked out by hand; none is a pasted output of the code under test.  Guarded her
 * FINDING (round 20): integer q / k / v refused by the shared input check with a clear
   error (fails on the unfixed ``mmlinvit/ops/linear_attention/checks.py``).
 """
-import contextlib
-import logging
 import math
 from types import ModuleType
-from typing import Callable, Dict, Iterator, List, Optional, Set, Tuple
+from typing import Callable, Dict, Optional, Set, Tuple
 
 import pytest
 import torch
@@ -40,6 +38,8 @@ from triton_testing import (import_kernels, only_in_parent, requires_triton, run
 
 from mmlinvit.ops import triton_utils
 from mmlinvit.ops.linear_attention import linear_attention_graph, linear_attention_torch
+
+from test_mutation_round16_ops import _mmlinvit_log
 
 pytestmark = pytest.mark.usefixtures('one_thread')
 
@@ -247,34 +247,12 @@ def test_output_has_the_dtype_of_v(fn: Callable[..., torch.Tensor], q_dtype: tor
 
 
 # ============================================================================ triton_utils
-@contextlib.contextmanager
-def _mmlinvit_messages() -> Iterator[List[str]]:
-    """Messages the ``mmlinvit`` logger emits at INFO inside the block (handler and level
-    restored afterwards)."""
-    messages: List[str] = []
-
-    class Collect(logging.Handler):
-
-        def emit(self, record: logging.LogRecord) -> None:
-            messages.append(record.getMessage())
-
-    log = logging.getLogger('mmlinvit')
-    handler, old_level = Collect(logging.DEBUG), log.level
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
-    try:
-        yield messages
-    finally:
-        log.removeHandler(handler)
-        log.setLevel(old_level)
-
-
 def test_each_reason_of_a_backend_is_logged_once() -> None:
     """Mutant U04 (the memory keyed by backend and operation): a choice is remembered by
     (backend, reason), so the same backend chosen for another reason is logged too, and
     each pair only once."""
     logged: Set[Tuple[str, str]] = set()
-    with _mmlinvit_messages() as messages:
+    with _mmlinvit_log() as messages:
         for _ in range(2):
             triton_utils.log_choice_once(logged, 'SSD scan', 'torch', 'auto: cpu tensors')
             triton_utils.log_choice_once(logged, 'SSD scan', 'torch', 'forced')

@@ -520,24 +520,30 @@ def _identity_onnx(path: str) -> None:
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid('', 18)]), path)
 
 
+class _Identity(torch.nn.Module):
+    def forward(self, images: torch.Tensor) -> Any:
+        return (images, )
+
+
+def _fake_build(export_tool: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``main`` without a config: an identity backbone (patch 8, padded inside the graph)."""
+    pytest.importorskip('onnx')
+    info = dict(crop=(8, 8), pads_outside_backbone=False, patch_size=8, which='student',
+                part='backbone', model='Identity', backbone='Identity',
+                input=dict(prepare='as is'))
+    monkeypatch.setattr(export_tool, 'build_export_module',
+                        lambda *args, **kwargs: (_Identity(), dict(info)))
+    monkeypatch.setattr(export_tool, 'export_onnx',
+                        lambda module, images, out, opset: _identity_onnx(out) or ['out0'])
+
+
 def test_export_check_passes_an_error_equal_to_the_tolerance(
         export_tool: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
         capsys: pytest.CaptureFixture) -> None:
     """The exit status is 1 only when the error EXCEEDS atol + rtol x max |ref| (documented):
     an exact graph (identity, real onnxruntime run) with ``--atol 0 --rtol 0`` passes."""
     pytest.importorskip('onnxruntime')
-
-    class Identity(torch.nn.Module):
-        def forward(self, images: torch.Tensor) -> Any:
-            return (images, )
-
-    info = dict(crop=(8, 8), pads_outside_backbone=False, patch_size=8, which='student',
-                part='backbone', model='Identity', backbone='Identity',
-                input=dict(prepare='as is'))
-    monkeypatch.setattr(export_tool, 'build_export_module',
-                        lambda *args, **kwargs: (Identity(), dict(info)))
-    monkeypatch.setattr(export_tool, 'export_onnx',
-                        lambda module, images, out, opset: _identity_onnx(out) or ['out0'])
+    _fake_build(export_tool, monkeypatch)
     out = str(tmp_path / 'id.onnx')
     result = export_tool.main(['cfg.py', 'none', '--out', out, '--atol', '0', '--rtol', '0',
                                '--threads', '1'])

@@ -11,8 +11,8 @@ Guarded here, each against an independent reference:
   back), a zip archive without ``data.pkl`` is refused (``torch.load`` refuses it too), a
   changed ``data.pkl`` byte is found without the data pass (``zipfile``'s own CRC check
   agrees), a safetensors file shorter than its 8-byte header length is named as such;
-  ``describe_read_error`` / ``check_checkpoint_file`` name the cause, the original exception
-  type and a missing file as documented;
+  ``check_checkpoint_file`` names the cause and a missing file as documented
+  (``describe_read_error``: round 13);
 * ``onnx_tools``: ``BackboneExport`` turns a list of outputs into the tuple it documents,
   ``build_export_module`` validates ``part`` / ``which`` before reading anything,
   ``export_onnx`` writes into a folder that does not exist yet and names every output
@@ -36,10 +36,10 @@ import torch
 import torch.nn as nn
 
 from mmlinvit.converters.checkpoint_file import (CheckpointFileError, check_checkpoint_file,
-                                                 checkpoint_file_problem, describe_read_error)
+                                                 checkpoint_file_problem)
 from mmlinvit.utils.cli import load_script
 
-from test_mutation_round16_infer_demo_deploy import _identity_onnx
+from test_mutation_round16_infer_demo_deploy import _fake_build
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 DEPLOY = osp.join(REPO, 'tools', 'deployment')
@@ -179,20 +179,6 @@ def test_a_record_whose_data_runs_past_the_end_is_named_damaged(tmp_path: Path) 
         check_checkpoint_file(path)
 
 
-def test_read_errors_name_the_cause_and_the_original_exception(tmp_path: Path) -> None:
-    """``describe_read_error``: file, cause, then ``(ExceptionType: message)``; an intact
-    file ``could not be read``."""
-    empty = str(tmp_path / 'empty.pth')
-    open(empty, 'wb').close()
-    message = describe_read_error(empty, EOFError('Ran out of input'))
-    assert message.startswith(f'Checkpoint {empty!r} is empty (0 bytes)')
-    assert message.endswith('(EOFError: Ran out of input)')
-    intact = str(tmp_path / 'intact.pth')
-    torch.save({'w': torch.zeros(2)}, intact)
-    assert describe_read_error(intact, RuntimeError('boom')) == (
-        f'Checkpoint {intact!r} could not be read (RuntimeError: boom)')
-
-
 def test_a_missing_checkpoint_is_file_not_found(tmp_path: Path) -> None:
     """Documented: a missing file raises ``FileNotFoundError`` (what ``open`` raises), not
     the damaged-file error."""
@@ -293,23 +279,6 @@ def test_a_missing_checkpoint_is_a_usage_error_naming_none(export_tool: Any,
     missing = str(tmp_path / 'missing.pth')
     with pytest.raises(SystemExit, match=r'does not exist \(pass "none"'):
         export_tool.main([str(tmp_path / 'cfg.py'), missing])
-
-
-class _Identity(nn.Module):
-    def forward(self, images: torch.Tensor) -> Tuple[torch.Tensor]:
-        return (images, )
-
-
-def _fake_build(export_tool: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``main`` without a config: an identity backbone (patch 8, padded inside the graph)."""
-    pytest.importorskip('onnx')
-    info = dict(crop=(8, 8), pads_outside_backbone=False, patch_size=8, which='student',
-                part='backbone', model='Identity', backbone='Identity',
-                input=dict(prepare='as is'))
-    monkeypatch.setattr(export_tool, 'build_export_module',
-                        lambda *args, **kwargs: (_Identity(), dict(info)))
-    monkeypatch.setattr(export_tool, 'export_onnx',
-                        lambda module, images, out, opset: _identity_onnx(out) or ['out0'])
 
 
 def test_no_check_opens_no_session(export_tool: Any, monkeypatch: pytest.MonkeyPatch,
