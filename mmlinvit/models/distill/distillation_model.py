@@ -63,7 +63,7 @@ from .teacher_input_norm import (TeacherInputNorm, fold_into_patch_embedding,
                                  student_input_stats)
 from .terms import (build_term, check_connectors_used, check_finite_losses, check_spec,
                     compute_terms)
-from .trainable_params import freeze_all_but
+from .trainable_params import check_patterns, freeze_all_but
 
 
 def _drop_teacher_state(module: nn.Module, state_dict: Dict[str, Any], prefix: str,
@@ -234,6 +234,7 @@ class DistillationModel(BaseModel):
             self.teacher_forcing.check(self.student, self.teacher, self.teacher_recorders,
                                        bare_backbone=not self.student_is_task_model)
         self._setup_patch_masking(patch_masking)
+        check_patterns(trainable_params)
         self.trainable_params = None if trainable_params is None else list(trainable_params)
         if self.trainable_params is None and self.teacher_forcing is not None:
             raise DistillationConfigError(
