@@ -71,11 +71,17 @@ def build_lazy_dataset(dataset_cfg: dict, scope: Optional[str]) -> Any:
 
 
 def _walk(folder: str) -> List[str]:
-    """Relative paths ('/'-separated) of every file under ``folder``, sorted."""
+    """Relative paths ('/'-separated) of every file under ``folder``, sorted.
+
+    Only what can be opened counts: a dangling symbolic link (``os.walk`` lists it among the
+    files) is skipped, as mmengine's ``list_dir_or_file`` skips it (``entry.is_file()``).
+    """
     found = []
     for root, _, files in os.walk(folder, followlinks=True):
         rel_root = osp.relpath(root, folder)
         for name in files:
+            if not osp.isfile(osp.join(root, name)):
+                continue
             found.append(name if rel_root == '.' else f'{rel_root}/{name}'.replace(os.sep, '/'))
     return sorted(found)
 
