@@ -605,4 +605,4 @@ class AttentionInitStrategy(TransferStrategy):
         Args:
             seed: The strategy's ``seed`` option.
         """
-        return torch.initial_seed() % 2**31 if seed is None else int(seed)
+        return torch.initial_seed() if seed is None else int(seed)

@@ -279,6 +279,15 @@ class ImpulseInit(AttentionInitStrategy):
             raise ValueError("Strategy 'impulse' fits maps over the position embeddings, but the "
                              "student has pos_embed_type='none'; use 'sincos' (as in the paper) "
                              "or 'learned'.")
+        grid = tuple(student.pos_grid)
+        half = self.window // 2
+        if half >= min(grid):
+            raise ValueError(
+                f"Strategy 'impulse': window={self.window} has shifts of up to {half} patches, "
+                f'but the student grid is {grid[0]}x{grid[1]}: no query has a key {half} rows / '
+                f'columns away inside the grid, so a head drawing such a shift could not be '
+                f'fitted (it would keep its random start). Use window <= '
+                f'{2 * min(grid) - 1}, or a grid of at least {half + 1} patches per side.')
 
     def position_tokens(self, student: VisionTransformer) -> torch.Tensor:
         """LN(P): the student's normalised patch position embeddings on its grid, (N, C)."""
