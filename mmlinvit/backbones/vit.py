@@ -23,7 +23,7 @@ import torch
 import torch.nn as nn
 
 from mmlinvit.layers.attention import ATTENTION_OPERATORS
-from mmlinvit.layers.pos_embed import POS_GRID_RECORD, sincos_pos_embed_2d
+from mmlinvit.layers.pos_embed import POS_GRID_RECORD, check_pos_interp, sincos_pos_embed_2d
 from mmlinvit.layers.patch_embed import PatchEmbed, patch_grid
 from mmlinvit.layers.transformer import TransformerBlock
 from .arch_zoo import VIT_SIZES, family_defaults
@@ -217,6 +217,7 @@ class VisionTransformer(TokenBackbone):
         img_size = pick(img_size, 'img_size')
         self.img_size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
         self.pos_interp = pick(pos_interp, 'pos_interp')
+        check_pos_interp(self.pos_interp)  # not only when the input size first differs
         self.pos_interp_source = (
             'explicit' if pos_interp is not None else
             f'family {family!r} default' + (f' with {num_reg_tokens} register tokens'

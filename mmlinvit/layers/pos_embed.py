@@ -19,6 +19,16 @@ import torch.nn.functional as F
 POS_INTERP_MODES = ('bicubic', 'bicubic_antialias', 'dinov2', 'dinov2_reg')
 
 
+def check_pos_interp(mode: str) -> None:
+    """Refuses a ``pos_interp`` that is not one of :data:`POS_INTERP_MODES`.
+
+    Raises:
+        KeyError: naming the mode and the available ones.
+    """
+    if mode not in POS_INTERP_MODES:
+        raise KeyError(f'Unknown pos_interp {mode!r}; available: {POS_INTERP_MODES}')
+
+
 def resample_pos_grid(pos: torch.Tensor, src_hw: Tuple[int, int], dst_hw: Tuple[int, int],
                       mode: str = 'bicubic') -> torch.Tensor:
     """Resamples a patch position grid.
@@ -32,10 +42,9 @@ def resample_pos_grid(pos: torch.Tensor, src_hw: Tuple[int, int], dst_hw: Tuple[
     Returns:
         (1, Hd * Wd, C) in the dtype of ``pos``.
     """
+    check_pos_interp(mode)
     if tuple(src_hw) == tuple(dst_hw):
         return pos
-    if mode not in POS_INTERP_MODES:
-        raise KeyError(f'Unknown pos_interp {mode!r}; available: {POS_INTERP_MODES}')
     dtype = pos.dtype
     c = pos.shape[-1]
     grid = pos.float().reshape(1, src_hw[0], src_hw[1], c).permute(0, 3, 1, 2)
@@ -120,7 +129,7 @@ def checkpoint_pos_grid(num_patches: int,
     """
     if recorded is not None:
         rows, cols = recorded
-        if rows * cols != num_patches:
+        if rows <= 0 or cols <= 0 or rows * cols != num_patches:
             raise ValueError(f'The checkpoint records a {rows}x{cols} position grid '
                              f'({POS_GRID_RECORD}) but its pos_embed has {num_patches} patch '
                              f'positions: the file is inconsistent (edited by hand?)')
