@@ -7,8 +7,9 @@ For a feature map phi, every token attends to every token (prefix tokens include
 
 computed in O(N) memory by :func:`mmlinvit.ops.linear_attention.linear_attention` (fp32
 accumulation whatever the input dtype).  For the positive maps (ELU + 1, ReLU, Hedgehog) the
-normaliser is >= 0 and the ``eps`` keeps it > 0, so there is never a division by zero: a query
-whose ReLU features are all zero gets an all-zero output row.
+normaliser is >= 0 and the ``eps`` (> 0 for every map) keeps it > 0, so there is never a
+division by zero: a query whose ReLU features are all zero (or whose ELU + 1 / Hedgehog features
+underflow to 0 in fp32) gets an all-zero output row.
 
 The ``identity`` map is signed, so ``phi(q_i) z`` can be ~0 or negative.  Its operator uses the
 sign-preserving normaliser :func:`mmlinvit.ops.signed_normaliser.signed_safe_denominator`
@@ -40,25 +41,28 @@ __all__ = [
 
 
 
-def check_eps(eps: float, name: str, zero_ok: bool) -> float:
+def check_eps(eps: float, name: str) -> float:
     """Refuses a normaliser epsilon that lets the division fail.
+
+    No map of this module is safe at 0: ReLU rows can be all zero, the signed identity
+    normaliser can be 0, and ELU+1 / Hedgehog features, > 0 in exact arithmetic, underflow to
+    0 in fp32 (``ELU(x) + 1 == 0`` for x <= -18; Hedgehog's softmax halves of a query and a key
+    can meet only in entries below 1e-45), so an all-zero row would be 0 / 0 = NaN.
 
     Args:
         eps: The epsilon given.
         name: The operator, for the message.
-        zero_ok: Whether 0 is safe (a feature map that is > 0 everywhere: ELU+1, Hedgehog's
-            softmax); ReLU rows can be all zero and the signed identity normaliser can be 0.
 
     Returns:
         ``eps``.
 
     Raises:
-        ValueError: ``eps`` negative or NaN (a negative one flips or zeroes normalisers), or 0
-            where that divides 0 by 0.
+        ValueError: ``eps`` not > 0 (0, negative or NaN: a negative one flips or zeroes
+            normalisers).
     """
-    if not (eps >= 0 if zero_ok else eps > 0):
-        bound = '>= 0' if zero_ok else '> 0 (0 divides an all-zero row by 0: NaN)'
-        raise ValueError(f'{name}: eps must be {bound}, got {eps!r}; the default is 1e-6')
+    if not eps > 0:
+        raise ValueError(f'{name}: eps must be > 0 (0 divides an all-zero row by 0: NaN), '
+                         f'got {eps!r}; the default is 1e-6')
     return eps
 
 
@@ -95,7 +99,7 @@ class KernelLinearAttention(AttentionOperator):
                              f"'relu', got {feature_map!r}; use the 'identity' or 'hedgehog' "
                              f"operators for the other maps")
         self.feature_map = feature_map
-        self.eps = check_eps(eps, f'{feature_map} linear attention', feature_map == 'elu')
+        self.eps = check_eps(eps, f'{feature_map} linear attention')
 
     def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             hw_shape: Optional[Tuple[int, int]], num_prefix_tokens: int) -> torch.Tensor:
@@ -211,7 +215,7 @@ class HedgehogLinearAttention(AttentionOperator):
         self.feature_init = feature_init
         self.feature_dims = feature_dims
         self.share_feature_map = share_feature_map
-        self.eps = check_eps(eps, 'hedgehog linear attention', zero_ok=True)
+        self.eps = check_eps(eps, 'hedgehog linear attention')
         self.feature_q = nn.Parameter(torch.empty(num_heads, self.head_dims, feature_dims))
         self.feature_k = (None if share_feature_map else nn.Parameter(
             torch.empty(num_heads, self.head_dims, feature_dims)))
@@ -273,7 +277,7 @@ class IdentityLinearAttention(AttentionOperator):
 
     def __init__(self, embed_dims: int, num_heads: int, eps: float = 1e-6, **kwargs) -> None:
         super().__init__(embed_dims, num_heads, **kwargs)
-        self.eps = check_eps(eps, 'identity linear attention', zero_ok=False)
+        self.eps = check_eps(eps, 'identity linear attention')
 
     def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             hw_shape: Optional[Tuple[int, int]], num_prefix_tokens: int) -> torch.Tensor:
