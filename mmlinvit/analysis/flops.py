@@ -15,8 +15,9 @@ that counts aten ops by shape, so it also works on ``torch.device('meta')`` tens
 * SDPA kernels the upstream registry misses: ``_scaled_dot_product_flash_attention_for_cpu``
   (the CPU path, counted 0 upstream), ``_scaled_dot_product_fused_attention_overrideable`` and
   ``_scaled_dot_product_attention_math`` where this torch has them, and the backwards of the
-  first two (twice the forward, as upstream counts the CUDA backwards; on meta tensors SDPA
-  decomposes into two ``bmm`` and is counted by the upstream rules);
+  first two and of the CUDA kernels (twice the forward, what the ``bmm`` of the math
+  decomposition count on meta tensors; upstream counts the CUDA backwards with the recomputed
+  scores, 2.5 x the forward);
 * custom ``torch.autograd.Function`` classes, whose forward may launch kernels the dispatch
   mode never sees (Triton): while counting, the class's ``apply`` is wrapped so that its FLOPs
   come from a formula of its inputs and whatever aten FLOPs its forward issued are discarded
@@ -193,9 +194,15 @@ def extra_sdpa_ops() -> Tuple[Any, ...]:
 
 
 def extra_sdpa_backward_ops() -> Tuple[Any, ...]:
-    """The backwards of :func:`extra_sdpa_ops` (arguments start with grad_out, q, k, v)."""
+    """SDPA backwards counted as twice the forward (arguments start with grad_out, q, k, v):
+    those of :func:`extra_sdpa_ops` and the CUDA kernels', which upstream counts with the
+    recomputed scores (5 bmm, 2.5 x the forward), so that a training step counts the same on
+    CUDA as on CPU and on meta tensors (where SDPA decomposes into bmm: 2 x the forward)."""
     names = ('_scaled_dot_product_flash_attention_for_cpu_backward',
-             '_scaled_dot_product_fused_attention_overrideable_backward')
+             '_scaled_dot_product_fused_attention_overrideable_backward',
+             '_scaled_dot_product_flash_attention_backward',
+             '_scaled_dot_product_efficient_attention_backward',
+             '_scaled_dot_product_cudnn_attention_backward')
     return tuple(getattr(torch.ops.aten, name) for name in names
                  if hasattr(torch.ops.aten, name))
 

@@ -36,7 +36,7 @@ def parse_size(text: str) -> Tuple[int, int]:
         argparse.ArgumentTypeError: naming the text and the accepted forms.
     """
     parts = text.lower().split('x')
-    if len(parts) not in (1, 2) or not all(p.isdigit() and int(p) > 0 for p in parts):
+    if len(parts) not in (1, 2) or not all(p.isdecimal() and int(p) > 0 for p in parts):
         raise argparse.ArgumentTypeError(
             f'size {text!r} is not N or HxW (e.g. 512x1024) of positive integers')
     return int(parts[0]), int(parts[-1])

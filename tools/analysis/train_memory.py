@@ -229,7 +229,7 @@ def measure_case(config: str, crop: Optional[int], precision: str, with_cp: bool
         raise SystemExit(f'{config}: no mmlinvit ViT / Adventurer backbone to set with_cp on')
     adapt_to_device(cfg)
     crop = crop or config_crop(cfg)
-    if cfg.model.get('data_preprocessor'):
+    if world == 'mmseg' and cfg.model.get('data_preprocessor'):  # mmseg pads to ``size``
         cfg.model.data_preprocessor['size'] = _crop_hw(crop)
     model = MODELS.build(cfg.model).to(device)
     model.init_weights()
@@ -276,7 +276,7 @@ def measure_case(config: str, crop: Optional[int], precision: str, with_cp: bool
                   + ('; glibc mmap threshold fixed at 1 MiB (EXACT_RSS_ENV)' if exact_rss()
                      else ''))
     seconds = time.perf_counter() - t0
-    loss = float(sum(v for k, v in losses.items() if k.startswith('loss') or k == 'loss'))
+    loss = float(losses['loss'].detach())  # mmengine's parse_losses: the sum of the terms
     return dict(config=os.path.relpath(config, ROOT) if os.path.isabs(config) else config,
                 crop=crop, precision=precision, with_cp=with_cp, batch=batch,
                 step_mib=peak, per_image_mib=peak / batch, params_mib=params,
