@@ -79,15 +79,6 @@ def _cls_cfg() -> Config:
         optim_wrapper=dict(type='OptimWrapper', optimizer=dict(type='SGD', lr=0.1))))
 
 
-@pytest.fixture
-def clean_launch_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    """Launcher variables set to known values (and restored) around a tool's main()."""
-    monkeypatch.setenv('LOCAL_RANK', '0')
-    monkeypatch.setenv('RANK', '0')
-    monkeypatch.setenv('WORLD_SIZE', '1')
-    return monkeypatch
-
-
 # ----------------------------------------------------------------------------- train.py
 
 

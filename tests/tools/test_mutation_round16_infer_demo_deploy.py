@@ -45,6 +45,7 @@ from PIL import Image
 from mmlinvit.utils.cli import load_script
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+pytestmark = pytest.mark.usefixtures('restore_scope_and_threads')
 TINY_VIT = dict(embed_dims=32, num_layers=2, num_heads=2, mlp_hidden_dims=64)
 
 
@@ -54,19 +55,6 @@ def _restore_sys_path() -> Iterator[None]:
     saved = list(sys.path)
     yield
     sys.path[:] = saved
-
-
-@pytest.fixture(autouse=True)
-def _restore_scope_and_threads() -> Iterator[None]:
-    """Tools and tests set mmengine's default scope (``init_default_scope``) and may set the
-    torch thread count: both are restored after each test."""
-    from mmengine.registry import DefaultScope
-    scopes = DefaultScope._instance_dict.copy()
-    threads = torch.get_num_threads()
-    yield
-    DefaultScope._instance_dict.clear()
-    DefaultScope._instance_dict.update(scopes)
-    torch.set_num_threads(threads)
 
 
 def _tool(relative: str, name: str) -> Any:
@@ -421,19 +409,6 @@ def test_demo_photos_are_normalised_as_the_segmentors_preprocessor(
     expected = reference(dict(inputs=files), training=False)['inputs']
     torch.testing.assert_close(seen['images'], expected)
     assert seen['training'] == (False, False)
-
-
-# ------------------------------------------------------------------------------ deployment
-@pytest.fixture(scope='module')
-def export_tool() -> Any:
-    """tools/deployment/export_onnx.py as a module (it puts tools/deployment on sys.path)."""
-    return _tool('tools/deployment/export_onnx.py', 'export_onnx')
-
-
-@pytest.fixture(scope='module')
-def onnx_tools(export_tool: Any) -> Any:
-    """tools/deployment/onnx_tools.py as a module."""
-    return _tool('tools/deployment/onnx_tools.py', 'onnx_tools')
 
 
 def _cls_config_file(tmp_path: Path) -> str:

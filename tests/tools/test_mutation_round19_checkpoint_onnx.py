@@ -26,7 +26,6 @@ Guarded here, each against an independent reference:
 """
 import pickle
 import os.path as osp
-import sys
 import zipfile
 from pathlib import Path
 from typing import Any, List, Tuple
@@ -37,31 +36,13 @@ import torch.nn as nn
 
 from mmlinvit.converters.checkpoint_file import (CheckpointFileError, check_checkpoint_file,
                                                  checkpoint_file_problem)
-from mmlinvit.utils.cli import load_script
 
 from test_mutation_round16_infer_demo_deploy import _fake_build
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-DEPLOY = osp.join(REPO, 'tools', 'deployment')
 
 
 # ------------------------------------------------------------------------------ fixtures
-
-
-@pytest.fixture
-def onnx_tools(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """``tools/deployment/onnx_tools.py`` as the module ``onnx_tools`` (what the tool scripts
-    import); ``sys.path`` and ``sys.modules`` are restored afterwards."""
-    monkeypatch.setattr(sys, 'path', list(sys.path))
-    module = load_script(osp.join(DEPLOY, 'onnx_tools.py'), 'onnx_tools')
-    monkeypatch.setitem(sys.modules, 'onnx_tools', module)
-    return module
-
-
-@pytest.fixture
-def export_tool(onnx_tools: Any) -> Any:
-    """``tools/deployment/export_onnx.py`` as a module (its ``sys.path`` insertions undone)."""
-    return load_script(osp.join(DEPLOY, 'export_onnx.py'), 'export_onnx_round19')
 
 
 # -------------------------------------------------------------------------- file checks

@@ -33,7 +33,7 @@ import os.path as osp
 import sys
 import zipfile
 from pathlib import Path
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict, List
 
 import pytest
 import torch
@@ -43,7 +43,7 @@ from mmlinvit.converters.report import ConversionReport, summarise_keys
 from mmlinvit.utils.cli import load_script
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-DEPLOY = osp.join(REPO, 'tools', 'deployment')
+pytestmark = pytest.mark.usefixtures('restore_scope_and_threads')
 CONVERTERS = osp.join(REPO, 'tools', 'model_converters')
 
 
@@ -240,35 +240,6 @@ def test_whole_student_export_names_the_student_prefix(tmp_path: Path,
 # ------------------------------------------------------------------------------ deployment
 
 
-@pytest.fixture
-def onnx_tools(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """``tools/deployment/onnx_tools.py`` as the module ``onnx_tools`` (what the tool scripts
-    import); ``sys.path`` and ``sys.modules`` are restored afterwards."""
-    monkeypatch.setattr(sys, 'path', list(sys.path))
-    module = load_script(osp.join(DEPLOY, 'onnx_tools.py'), 'onnx_tools')
-    monkeypatch.setitem(sys.modules, 'onnx_tools', module)
-    return module
-
-
-@pytest.fixture
-def export_tool(onnx_tools: Any) -> Any:
-    """``tools/deployment/export_onnx.py`` as a module (its ``sys.path`` insertions undone by
-    the ``onnx_tools`` fixture)."""
-    return load_script(osp.join(DEPLOY, 'export_onnx.py'), 'round21_export_onnx')
-
-
-@pytest.fixture(autouse=True)
-def _restore_scope_and_threads() -> Iterator[None]:
-    """mmengine's default scope and the torch thread count, as they were."""
-    from mmengine.registry import DefaultScope
-    scopes = DefaultScope._instance_dict.copy()
-    threads = torch.get_num_threads()
-    yield
-    DefaultScope._instance_dict.clear()
-    DefaultScope._instance_dict.update(scopes)
-    torch.set_num_threads(threads)
-
-
 class _TwoOutputs(torch.nn.Module):
     """(x, 100 x): two outputs of different magnitudes."""
 
@@ -375,15 +346,6 @@ def test_a_checkpoint_without_the_optional_keys_loads_exactly(onnx_tools: Any,
 # ------------------------------------------------------------------------------- test.py
 
 DEMO = osp.join(REPO, 'configs', 'demo', 'upernet_vit-tiny-softmax_1xb8-300it_toy-64x64.py')
-
-
-@pytest.fixture
-def clean_launch_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    """Launcher variables set to known values (and restored) around a tool's main()."""
-    monkeypatch.setenv('LOCAL_RANK', '0')
-    monkeypatch.setenv('RANK', '0')
-    monkeypatch.setenv('WORLD_SIZE', '1')
-    return monkeypatch
 
 
 def _run_test_tool(monkeypatch: pytest.MonkeyPatch, argv: List[str],
