@@ -159,7 +159,8 @@ def _distill_stage_config(path: str, backbone: dict, data_root: str, plan: dict,
     for t in dl.dataset.pipeline:
         if t['type'] == 'RandomResizedCrop':
             t['scale'] = backbone['img_size']
-    iters_per_epoch = max(1, plan['num_train'] // plan['distill_batch'])
+    # The loader keeps the last, partial batch (no drop_last): ceil.
+    iters_per_epoch = max(1, -(-plan['num_train'] // plan['distill_batch']))
     cfg.optim_wrapper.optimizer.lr = lr
     cfg.param_scheduler = [
         dict(type='LinearLR', start_factor=0.05, by_epoch=False, begin=0,
