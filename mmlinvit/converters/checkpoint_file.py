@@ -136,6 +136,9 @@ def _safetensors_problem(path: str, head: bytes, size: int) -> Optional[str]:
     if 8 + header_len > size:
         return (f'is truncated or not a safetensors file: its header claims {header_len} '
                 f'bytes but the file has {size}')
+    if head[8:9] != b'{':  # the header is a JSON object (what _starts_safetensors tests)
+        return (f'is not a safetensors file: its {header_len}-byte header is no JSON object '
+                f'(it starts with {head[8:16]!r})')
     return None
 
 

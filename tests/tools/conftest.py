@@ -1,6 +1,7 @@
 """Fixtures shared by the tool tests: the deployment scripts loaded as modules, launcher
 variables set to known values, and mmengine's default scope / torch's thread count restored
 after a test."""
+import logging
 import os.path as osp
 import sys
 from typing import Any, Iterator
@@ -51,3 +52,15 @@ def restore_scope_and_threads() -> Iterator[None]:
     DefaultScope._instance_dict.clear()
     DefaultScope._instance_dict.update(scopes)
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def mmlinvit_logger(monkeypatch: pytest.MonkeyPatch) -> logging.Logger:
+    """The ``mmlinvit`` logger with the forwarder as its only handler (restored after)."""
+    import mmlinvit.registry  # noqa: F401  (installs the forwarder)
+    from mmlinvit.log_forwarding import LOGGER_NAME, MMLoggerForwarder
+    logger = logging.getLogger(LOGGER_NAME)
+    forwarders = [h for h in logger.handlers if isinstance(h, MMLoggerForwarder)]
+    assert len(forwarders) == 1
+    monkeypatch.setattr(logger, 'handlers', forwarders)
+    return logger

@@ -467,18 +467,6 @@ def test_register_config_scopes_reports_what_it_registered() -> None:
         assert config_utils.MODULE2PACKAGE[scope] == dist
 
 
-@pytest.fixture
-def mmlinvit_logger(monkeypatch: pytest.MonkeyPatch) -> logging.Logger:
-    """The ``mmlinvit`` logger with the forwarder as its only handler (restored after)."""
-    import mmlinvit.registry  # noqa: F401  (installs the forwarder)
-    from mmlinvit.log_forwarding import LOGGER_NAME, MMLoggerForwarder
-    logger = logging.getLogger(LOGGER_NAME)
-    forwarders = [h for h in logger.handlers if isinstance(h, MMLoggerForwarder)]
-    assert len(forwarders) == 1
-    monkeypatch.setattr(logger, 'handlers', forwarders)
-    return logger
-
-
 def test_a_non_propagating_logger_still_prints_as_python_does(
         mmlinvit_logger: logging.Logger, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture) -> None:
