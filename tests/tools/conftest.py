@@ -2,17 +2,19 @@
 variables set to known values, and mmengine's default scope / torch's thread count restored
 after a test."""
 import logging
+import os
 import os.path as osp
+import subprocess
 import sys
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, List
 
 import pytest
 import torch
 
 from mmlinvit.utils.cli import load_script
 
-DEPLOY = osp.join(osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))), 'tools',
-                  'deployment')
+REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+DEPLOY = osp.join(REPO, 'tools', 'deployment')
 
 
 @pytest.fixture
@@ -64,3 +66,19 @@ def mmlinvit_logger(monkeypatch: pytest.MonkeyPatch) -> logging.Logger:
     assert len(forwarders) == 1
     monkeypatch.setattr(logger, 'handlers', forwarders)
     return logger
+
+
+@pytest.fixture
+def fresh_interpreter(tmp_path: Any) -> Callable[[str], List[str]]:
+    """Runs Python code in a fresh interpreter (the repository on ``PYTHONPATH``, ``tmp_path``
+    as the working directory), asserts it succeeded and returns its stdout words: for what an
+    import does when nothing has been imported before."""
+
+    def run(code: str) -> List[str]:
+        env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS='1')
+        proc = subprocess.run([sys.executable, '-c', code], cwd=str(tmp_path), env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return proc.stdout.split()
+
+    return run

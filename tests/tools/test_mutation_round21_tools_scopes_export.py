@@ -28,12 +28,11 @@ back by their own readers, onnxruntime on a tiny graph, or values written out by
   stderr as Python's last resort prints it; the forwarder writes to the run's log FILES only.
 """
 import logging
-import os
 import os.path as osp
 import sys
 import zipfile
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List
 
 import pytest
 import torch
@@ -527,16 +526,12 @@ def test_hook_install_with_mmengine_config_loaded_adds_no_finder(
     assert calls == ['register'] and sys.meta_path == without
 
 
-def test_importing_the_registry_installs_the_forwarder(tmp_path: Path) -> None:
+def test_importing_the_registry_installs_the_forwarder(
+        fresh_interpreter: Callable[[str], List[str]]) -> None:
     """Documented (``log_forwarding``): importing :mod:`mmlinvit.registry` attaches the
     forwarder; checked in a fresh interpreter, where nothing else has installed it."""
-    import subprocess
     code = ('import logging, mmlinvit.registry\n'
             'from mmlinvit.log_forwarding import MMLoggerForwarder\n'
             "print(sum(isinstance(h, MMLoggerForwarder) "
             "for h in logging.getLogger('mmlinvit').handlers))\n")
-    env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS='1')
-    proc = subprocess.run([sys.executable, '-c', code], cwd=str(tmp_path), env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.split() == ['1']
+    assert fresh_interpreter(code) == ['1']

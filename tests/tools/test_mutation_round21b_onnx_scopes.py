@@ -39,11 +39,10 @@ header is empty or no JSON object passes ``checkpoint_file_problem`` although th
 safetensors reader refuses it.
 """
 import logging
-import os
 import os.path as osp
 import sys
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List
 
 import pytest
 import torch
@@ -386,38 +385,30 @@ def test_two_finders_ask_each_other_once(monkeypatch: pytest.MonkeyPatch) -> Non
     assert isinstance(spec.loader, _config_scope_hook._RegisterAfterExec)
 
 
-def test_register_imports_the_scopes_module_when_it_is_not_loaded(tmp_path: Path) -> None:
+def test_register_imports_the_scopes_module_when_it_is_not_loaded(
+        fresh_interpreter: Callable[[str], List[str]]) -> None:
     """``_register`` with ``mmlinvit.config_scopes`` not imported yet imports it, which
     registers the scopes (fresh interpreter: nothing imported it before)."""
-    import subprocess
     code = ('import sys\n'
             'from mmlinvit import _config_scope_hook\n'
             "assert 'mmlinvit.config_scopes' not in sys.modules\n"
             '_config_scope_hook._register()\n'
             'from mmengine.config import utils\n'
             "print(utils.MODULE2PACKAGE.get('mmlinvit'))\n")
-    env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS='1')
-    proc = subprocess.run([sys.executable, '-c', code], cwd=str(tmp_path), env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.split() == ['mmlinvit']
+    assert fresh_interpreter(code) == ['mmlinvit']
 
 
-def test_the_model_registry_imports_the_models_on_first_lookup(tmp_path: Path) -> None:
+def test_the_model_registry_imports_the_models_on_first_lookup(
+        fresh_interpreter: Callable[[str], List[str]]) -> None:
     """Documented (``mmlinvit.registry``): each registry imports its ``locations`` lazily on
     first lookup; the model registry's must register the backbones (fresh interpreter, where
     nothing imported ``mmlinvit.models`` before)."""
-    import subprocess
     code = ('import sys\n'
             'import mmlinvit.registry as registry\n'
             "assert 'mmlinvit.models' not in sys.modules\n"
             "cls = registry.MODELS.get('VisionTransformer')\n"
             "print(cls.__module__ if cls is not None else None)\n")
-    env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS='1')
-    proc = subprocess.run([sys.executable, '-c', code], cwd=str(tmp_path), env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.split() == ['mmlinvit.backbones.vit']
+    assert fresh_interpreter(code) == ['mmlinvit.backbones.vit']
 
 
 # ----------------------------------------------------------------- report, checkpoint file
