@@ -41,6 +41,8 @@ class ScanResult:
     bad: List[Tuple[str, str]] = dataclasses.field(default_factory=list)
 
 
+#: First bytes of a TIFF file (little- and big-endian).
+TIFF_MAGIC = (b'II*\x00', b'MM\x00*')
 #: EXIF tag of the orientation (1 = as stored; 2-8 = flip / rotate when displayed).
 EXIF_ORIENTATION = 0x0112
 #: What each EXIF orientation does to the stored pixels when it is applied.
@@ -92,13 +94,33 @@ def _orientation_applied(path: str, decoding: ImageDecoding) -> bool:
     return loaded.shape != stored.shape or not np.array_equal(loaded, stored)
 
 
+def _loaded_size(path: str, decoding: ImageDecoding,
+                 fallback: Tuple[int, int]) -> Tuple[int, int]:
+    """(width, height) of ``path`` as the pipeline decodes it (mmcv, the dataset's backend).
+
+    Differs from Pillow's size for a TIFF with an EXIF orientation that turns it: Pillow turns
+    such a TIFF when it opens it (so do mmcv's cv2 and pillow backends), mmcv's ``tifffile``
+    backend does not.  Other formats, and files mmcv decodes to nothing (reported
+    elsewhere), give ``fallback`` (Pillow's size) without decoding.
+    """
+    import mmcv
+    with open(path, 'rb') as f:
+        content = f.read()
+    if content[:4] not in TIFF_MAGIC:
+        return fallback
+    img = mmcv.imfrombytes(content, flag=decoding.color_type, backend=decoding.backend)
+    return fallback if img is None else (img.shape[1], img.shape[0])
+
+
 def _decode(path: str) -> Tuple[Optional[Tuple[int, int]], Optional[str], int]:
-    """(width, height) of a fully decoded image (as stored) or the reason it cannot be
-    decoded, and its EXIF orientation (1 when it has none)."""
+    """(width, height) of a fully decoded image (as stored; a TIFF as Pillow turns it, see
+    :func:`_loaded_size`) or the reason it cannot be decoded, and its EXIF orientation (1 when
+    it has none)."""
     try:
         with Image.open(path) as img:
-            img.load()
+            # Read before load(): loading a TIFF applies its orientation and drops the tag.
             orientation = img.getexif().get(EXIF_ORIENTATION, 1)
+            img.load()
             return img.size, None, orientation if orientation in ORIENTATIONS else 1
     except Exception as err:  # noqa: BLE001 (any decoder failure makes the file unusable)
         return None, f'cannot be decoded ({type(err).__name__}: {err})', 1
@@ -167,10 +189,13 @@ def check_sample(img_path: str,
             problem = _orientation_problem(img_path, img_size, orientation, seg_size, decoding)
             if problem:
                 problems.append((seg_map_path, problem))
-        elif img_size is not None and seg_size != img_size:
-            problems.append((seg_map_path,
-                             f'label map is {seg_size[0]}x{seg_size[1]} (WxH) but its image '
-                             f'{img_path!r} is {img_size[0]}x{img_size[1]}'))
+        elif img_size is not None:
+            if orientation != 1:  # the size as loaded (see _loaded_size: TIFFs)
+                img_size = _loaded_size(img_path, decoding, img_size)
+            if seg_size != img_size:
+                problems.append((seg_map_path,
+                                 f'label map is {seg_size[0]}x{seg_size[1]} (WxH) but its image '
+                                 f'{img_path!r} is {img_size[0]}x{img_size[1]}'))
     return problems
 
 

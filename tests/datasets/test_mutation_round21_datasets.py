@@ -416,3 +416,33 @@ def test_ade20k_defaults_as_mmseg_lists_them(tmp_path: Path):
         info = ds.get_data_info(count - 1)
         with Image.open(info['img_path']) as img, Image.open(info['seg_map_path']) as seg:
             assert img.size == seg.size == (64, 64)
+
+
+@pytest.mark.parametrize('backend', ['cv2', 'pillow', 'tifffile'])
+@pytest.mark.parametrize('color_type', ['color', 'color_ignore_orientation'])
+def test_tiff_with_an_exif_orientation_is_checked_as_the_pipeline_loads_it(
+        tmp_path: Path, backend: str, color_type: str):
+    """FINDING: Pillow turns a TIFF with EXIF Orientation=6 when it loads it (and drops the
+    tag), mmcv's cv2 / pillow backends turn it whatever the ``color_type``, its ``tifffile``
+    backend does not.  Under ``tifffile`` the check called the label map of the stored size a
+    problem and passed one of the turned size, the reverse of what the pipeline pairs up.
+    Oracle: mmcv's ``LoadImageFromFile`` and mmseg's ``LoadAnnotations`` run on the files."""
+    from mmcv.transforms import LoadImageFromFile
+    from mmseg.datasets.transforms import LoadAnnotations
+
+    from mmlinvit.datasets.integrity import ImageDecoding, check_sample
+    stored = Image.fromarray(np.random.default_rng(0).integers(0, 255, (6, 10, 3), np.uint8))
+    exif = stored.getexif()
+    exif[0x0112] = 6  # rotate 90 degrees clockwise when shown: 10x6 (WxH) becomes 6x10
+    img_path = str(tmp_path / 'img.tif')
+    stored.save(img_path, exif=exif)
+    for name, hw in (('stored', (6, 10)), ('turned', (10, 6))):
+        seg_path = str(tmp_path / f'{name}.png')
+        Image.fromarray(np.zeros(hw, np.uint8)).save(seg_path)
+        img = LoadImageFromFile(color_type=color_type,
+                                imdecode_backend=backend)(dict(img_path=img_path))['img']
+        seg = LoadAnnotations()(dict(seg_map_path=seg_path, reduce_zero_label=False,
+                                     seg_fields=[]))['gt_seg_map']
+        pairs = img.shape[:2] == seg.shape[:2]
+        problems = check_sample(img_path, seg_path, ImageDecoding(color_type, backend))
+        assert (problems == []) == pairs, (name, problems)
