@@ -105,9 +105,10 @@ def _loaded_size(path: str, decoding: ImageDecoding,
     """
     import mmcv
     with open(path, 'rb') as f:
-        content = f.read()
-    if content[:4] not in TIFF_MAGIC:
-        return fallback
+        content = f.read(len(TIFF_MAGIC[0]))
+        if content not in TIFF_MAGIC:  # not a TIFF: decided by its first bytes, not read on
+            return fallback
+        content += f.read()
     img = mmcv.imfrombytes(content, flag=decoding.color_type, backend=decoding.backend)
     return fallback if img is None else (img.shape[1], img.shape[0])
 

@@ -107,25 +107,11 @@ def _tiny_vit(**kwargs) -> dict:
     return cfg
 
 
-class _PlainTeacher(nn.Module):
-    """A plain ``nn.Module`` teacher with its own ``init_weights`` (counted)."""
+def _counted_init_teacher_type(base: type) -> type:
+    """A teacher on ``base`` with its own ``init_weights`` (counted) that does not call
+    mmengine's (so a ``BaseModule`` one never sets ``_is_init`` itself)."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc = nn.Linear(4, 4)
-        self.init_calls = 0
-
-    def init_weights(self) -> None:
-        self.init_calls += 1
-        nn.init.normal_(self.fc.weight)
-
-
-def _custom_init_teacher_type() -> type:
-    """An mmengine ``BaseModule`` teacher whose ``init_weights`` does not call mmengine's (so
-    it never sets ``_is_init`` itself), counted."""
-    from mmengine.model import BaseModule
-
-    class CustomInitTeacher(BaseModule):
+    class CountedInitTeacher(base):
 
         def __init__(self) -> None:
             super().__init__()
@@ -136,7 +122,17 @@ def _custom_init_teacher_type() -> type:
             self.init_calls += 1
             nn.init.normal_(self.fc.weight)
 
-    return CustomInitTeacher
+    return CountedInitTeacher
+
+
+#: A plain ``nn.Module`` teacher with its own ``init_weights`` (counted).
+_PlainTeacher = _counted_init_teacher_type(nn.Module)
+
+
+def _custom_init_teacher_type() -> type:
+    """An mmengine ``BaseModule`` teacher whose ``init_weights`` does not call mmengine's."""
+    from mmengine.model import BaseModule
+    return _counted_init_teacher_type(BaseModule)
 
 
 def _task_teacher_type() -> type:

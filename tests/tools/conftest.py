@@ -1,6 +1,6 @@
 """Fixtures shared by the tool tests: the deployment scripts loaded as modules, launcher
-variables set to known values, and mmengine's default scope / torch's thread count restored
-after a test."""
+variables set to known values, and the globals tools change (mmengine's default scope, torch's
+thread count and generator, ``sys.path``) restored after a test."""
 import logging
 import os
 import os.path as osp
@@ -44,16 +44,21 @@ def clean_launch_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 
 
 @pytest.fixture
-def restore_scope_and_threads() -> Iterator[None]:
-    """Tools set mmengine's default scope (``init_default_scope``) and may set the torch thread
-    count: both are restored after the test."""
+def restore_globals() -> Iterator[None]:
+    """Tools set mmengine's default scope (``init_default_scope``), may set the torch thread
+    count, seed torch's global generator (``tools/linearize.py --seed``) and extend
+    ``sys.path``: all are restored after the test."""
     from mmengine.registry import DefaultScope
     scopes = DefaultScope._instance_dict.copy()
     threads = torch.get_num_threads()
+    rng = torch.get_rng_state()
+    path = list(sys.path)
     yield
     DefaultScope._instance_dict.clear()
     DefaultScope._instance_dict.update(scopes)
     torch.set_num_threads(threads)
+    torch.set_rng_state(rng)
+    sys.path[:] = path
 
 
 @pytest.fixture

@@ -45,7 +45,7 @@ from PIL import Image
 from mmlinvit.utils.cli import load_script
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-pytestmark = pytest.mark.usefixtures('restore_scope_and_threads')
+pytestmark = pytest.mark.usefixtures('restore_globals')
 TINY_VIT = dict(embed_dims=32, num_layers=2, num_heads=2, mlp_hidden_dims=64)
 
 

@@ -28,9 +28,8 @@ test, the demo's own config files and docstring, or values written out by hand):
 """
 import json
 import os.path as osp
-import sys
 from pathlib import Path
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict, List
 
 import numpy as np
 import pytest
@@ -42,24 +41,7 @@ from mmlinvit.utils.cli import load_script
 from test_mutation_round11_infer_deploy import TINY_VIT, teacher_file  # noqa: F401 (fixture)
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-
-
-@pytest.fixture(autouse=True)
-def _restore_globals() -> Iterator[None]:
-    """Tools and tests set mmengine's default scope, may set the torch thread count, seed
-    torch's global generator (``tools/linearize.py --seed``) and extend ``sys.path``: all
-    are restored after each test."""
-    from mmengine.registry import DefaultScope
-    scopes = DefaultScope._instance_dict.copy()
-    threads = torch.get_num_threads()
-    rng = torch.get_rng_state()
-    path = list(sys.path)
-    yield
-    DefaultScope._instance_dict.clear()
-    DefaultScope._instance_dict.update(scopes)
-    torch.set_num_threads(threads)
-    torch.set_rng_state(rng)
-    sys.path[:] = path
+pytestmark = pytest.mark.usefixtures('restore_globals')
 
 
 def _tool(relative: str, name: str) -> Any:

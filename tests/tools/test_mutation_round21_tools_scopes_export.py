@@ -42,7 +42,7 @@ from mmlinvit.converters.report import ConversionReport, summarise_keys
 from mmlinvit.utils.cli import load_script
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-pytestmark = pytest.mark.usefixtures('restore_scope_and_threads')
+pytestmark = pytest.mark.usefixtures('restore_globals')
 CONVERTERS = osp.join(REPO, 'tools', 'model_converters')
 
 

@@ -52,7 +52,7 @@ from mmlinvit.converters.report import ConversionReport, summarise_keys
 from mmlinvit.utils.cli import load_script
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-pytestmark = pytest.mark.usefixtures('restore_scope_and_threads')
+pytestmark = pytest.mark.usefixtures('restore_globals')
 CONVERTERS = osp.join(REPO, 'tools', 'model_converters')
 DEMO = osp.join(REPO, 'configs', 'demo', 'upernet_vit-tiny-softmax_1xb8-300it_toy-64x64.py')
 
