@@ -297,7 +297,9 @@ def segmentation_classes(cfg: Config, checkpoint: Dict[str, Any]) -> Tuple[Dict[
                 'the checkpoint (mmseg 0.x meta.CLASSES / PALETTE)')
     from mmseg.registry import DATASETS
     dataset = cfg.get('test_dataloader', {}).get('dataset', {})
-    dataset_cls = DATASETS.get(str(dataset.get('type', '')))
+    kind = dataset.get('type', '')
+    # a Python-style config names the class itself (``type=ADE20KDataset``)
+    dataset_cls = kind if isinstance(kind, type) else DATASETS.get(str(kind))
     base = dict(getattr(dataset_cls, 'METAINFO', None) or {})
     metainfo = dict(base, **(dataset.get('metainfo') or {}))
     classes, palette = metainfo.get('classes'), metainfo.get('palette')

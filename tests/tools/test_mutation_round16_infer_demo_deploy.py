@@ -117,6 +117,19 @@ def test_classes_outside_the_dataset_get_mmsegs_generated_palette(infer: Any) ->
     assert meta['palette'] == [list(map(int, c)) for c in expected]
 
 
+def test_a_dataset_named_by_its_class_gives_its_classes(infer: Any) -> None:
+    """A Python-style config names the dataset class itself (``type=ADE20KDataset``); a
+    checkpoint without meta then gets that dataset's classes and colours (the class was
+    looked up by its ``str()`` and none were found)."""
+    from mmengine.config import Config
+    from mmseg.datasets import ADE20KDataset
+    cfg = Config(dict(test_dataloader=dict(dataset=dict(type=ADE20KDataset))))
+    meta, _ = infer.segmentation_classes(cfg, {})
+    expected = ADE20KDataset(lazy_init=True).metainfo
+    assert meta['classes'] == list(expected['classes'])
+    assert meta['palette'] == [list(map(int, c)) for c in expected['palette']]
+
+
 def _cls_cfg(pipeline: List[dict], model_pre: Any = None, top_pre: Any = None) -> Any:
     """A classification config with the given test pipeline and data preprocessors."""
     from mmengine.config import Config
