@@ -12,6 +12,7 @@ index), so ``tools/dist_train.sh`` runs on CPU machines too.
 import argparse
 import copy
 import dataclasses
+import ipaddress
 import logging
 import os
 import os.path as osp
@@ -97,8 +98,26 @@ def _export_launcher_world_size(launcher: str) -> None:
         os.environ['WORLD_SIZE'] = value
 
 
-#: Addresses that name the local machine only.
-_LOOPBACK_ADDRESSES = ('localhost', '127.0.0.1', '::1', '0.0.0.0')
+def _is_loopback(address: str) -> bool:
+    """Whether ``address`` names the local machine only.
+
+    ``localhost`` (and ``*.localhost``), every address of 127.0.0.0/8 (Debian and Ubuntu map
+    the machine's own name to 127.0.1.1), ``::1``, an IPv4-mapped loopback address, and the
+    unspecified ``0.0.0.0`` / ``::``; a bracketed IPv6 address is read without its brackets.
+    """
+    name = address.strip().lower()
+    if name.startswith('[') and name.endswith(']'):
+        name = name[1:-1]
+    if name == 'localhost' or name.endswith('.localhost'):
+        return True
+    try:
+        ip = ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    mapped = getattr(ip, 'ipv4_mapped', None)
+    if mapped is not None:
+        ip = mapped
+    return ip.is_loopback or ip.is_unspecified
 
 
 def _check_slurm_master_addr(parser: argparse.ArgumentParser, launcher: str) -> None:
@@ -112,7 +131,7 @@ def _check_slurm_master_addr(parser: argparse.ArgumentParser, launcher: str) -> 
         return
     nodes = os.environ.get('SLURM_NNODES', os.environ.get('SLURM_JOB_NUM_NODES', '1'))
     address = os.environ.get('MASTER_ADDR', '')
-    if nodes.isdigit() and int(nodes) > 1 and address.strip().lower() in _LOOPBACK_ADDRESSES:
+    if nodes.isdigit() and int(nodes) > 1 and _is_loopback(address):
         parser.error(f'MASTER_ADDR={address} is exported into a Slurm job on {nodes} nodes: '
                      f'mmengine keeps it instead of the job\'s first node, and the other nodes '
                      f'would wait for {address} on their own machine (the job hangs). Run '

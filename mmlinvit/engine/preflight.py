@@ -27,6 +27,7 @@ import os
 import os.path as osp
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
+import torch.nn as nn
 from mmengine.logging import print_log
 
 from mmlinvit.datasets.pairing import CITYSCAPES_TRAIN_ID_SUFFIX, pair_dataset_files
@@ -381,8 +382,25 @@ def find_missing_inputs(cfg: Any,
     return problems
 
 
+def _batch_norm_kind(norm_type: Any) -> Optional[str]:
+    """``'local'`` or ``'sync'`` for a BatchNorm config ``type``, else None.
+
+    The type may be a registered name (``'BN'``), a scoped one (``'mmengine.SyncBN'``, as
+    mmengine's registries resolve it) or the class of a pure-Python config (``nn.BatchNorm2d``,
+    ``nn.SyncBatchNorm``; mmcv's ``build_norm_layer`` takes a class as it is).
+    """
+    if isinstance(norm_type, type):
+        if issubclass(norm_type, nn.SyncBatchNorm) or norm_type.__name__ == 'SyncBatchNorm':
+            return 'sync'  # torch's / mmengine's SyncBN and mmcv's MMSyncBN
+        return 'local' if issubclass(norm_type, nn.modules.batchnorm._BatchNorm) else None
+    name = config_type_name(norm_type)
+    if name in LOCAL_BATCH_NORMS:
+        return 'local'
+    return 'sync' if name in SYNC_BATCH_NORMS else None
+
+
 def _iter_head_batch_norms(node: Any, where: str, in_head: bool = False
-                           ) -> Iterator[Tuple[str, str]]:
+                           ) -> Iterator[Tuple[str, Any]]:
     """Yields (location, norm type) of BatchNorm configs inside decode / auxiliary / classifier
     heads.
 
@@ -390,7 +408,7 @@ def _iter_head_batch_norms(node: Any, where: str, in_head: bool = False
     """
     if isinstance(node, dict):
         norm_type = node.get('type')
-        if in_head and norm_type in LOCAL_BATCH_NORMS + SYNC_BATCH_NORMS:
+        if in_head and _batch_norm_kind(norm_type) is not None:
             yield where, norm_type
         for key, value in node.items():
             if key == 'teacher':
@@ -418,8 +436,9 @@ def find_batch_norm_problem(cfg: Any) -> Optional[str]:
     if not loader or loader.get('batch_size', 1) != 1:
         return None
     distributed = cfg.get('launcher', 'none') != 'none'
-    found = [(where, norm) for where, norm in _iter_head_batch_norms(cfg.get('model', {}), 'model')
-             if norm in LOCAL_BATCH_NORMS or not distributed]
+    found = [(where, config_type_name(norm))
+             for where, norm in _iter_head_batch_norms(cfg.get('model', {}), 'model')
+             if _batch_norm_kind(norm) == 'local' or not distributed]
     if not found:
         return None
     shown = ', '.join(f'{where}={norm}' for where, norm in found[:4])

@@ -219,12 +219,16 @@ def test_triton_16bit_dots_are_refused_for_bf16_in_the_interpreter(kernels) -> N
 def test_torch_default_eps_is_1e_6(fn: Callable[..., torch.Tensor]) -> None:
     """Mutants T25 / T26 (default eps 1e-5 on the chunked / the graph form): called without
     eps, both forms equal the oracle at the documented 1e-6, in a case (ReLU features ~1e-6)
-    where 1e-5 moves the output by more than 5%."""
+    where 1e-5 moves the output by more than 5%.
+
+    The q gradient (~3e5) is the difference of two fp32 terms of that size, each rounded:
+    both forms land 0.8-1.1e-4 (relative) from the float64 oracle depending on the BLAS
+    build, so the check allows 1e-3 (the eps mutants move the output by 5%)."""
     q = 1e-6 * _randn(2, 2, 19, 16, seed=12).abs()
     k, v = _randn(2, 2, 23, 16, seed=13), _randn(2, 2, 23, 8, seed=14)
     want = _oracle(q, k, v, 'relu', 1e-6)
     assert (want - _oracle(q, k, v, 'relu', 1e-5)).abs().max() > 0.05 * want.abs().max()
-    _check_against_oracle(fn, q, k, v, 'relu', 1e-6, call_eps=None)
+    _check_against_oracle(fn, q, k, v, 'relu', 1e-6, call_eps=None, rtol=1e-3)
 
 
 @pytest.mark.parametrize('fn', [linear_attention_torch, linear_attention_graph],
