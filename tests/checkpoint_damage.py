@@ -1,6 +1,17 @@
-"""Damaging ``torch.save`` archives the way a bad copy or a disk error does (test helper)."""
+"""Damaging files the way a bad copy, a disk error or a job killed while writing does (test
+helper)."""
+import os
 import struct
 import zipfile
+
+
+def truncate_to_half(path: str) -> None:
+    """Cuts ``path`` to half its size (a job killed while the file was written), keeping its
+    modification time."""
+    stat = os.stat(path)
+    with open(path, 'r+b') as f:
+        f.truncate(stat.st_size // 2)
+    os.utime(path, (stat.st_atime, stat.st_mtime))
 
 
 def flip_tensor_byte(path: str) -> str:

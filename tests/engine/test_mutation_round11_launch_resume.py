@@ -47,6 +47,8 @@ from mmlinvit.engine.resume import (ResumeError, check_resume_or_load_from,
                                      last_checkpoint_target, resume_candidates,
                                      resume_randomness, select_resume_checkpoint,
                                      warn_changed_resume_config)
+
+from checkpoint_damage import truncate_to_half
 from train_testing import captured_log
 
 pytestmark = pytest.mark.usefixtures('one_thread')
@@ -101,15 +103,6 @@ def _save(path: str, iteration: int, seed: Optional[int] = 42, cfg_text: Optiona
     stamp = time.time() - age_s
     os.utime(path, (stamp, stamp))
     return path
-
-
-def _truncate(path: str) -> None:
-    """Cuts ``path`` to half its size (a job killed while the file was written), keeping its
-    modification time."""
-    stat = os.stat(path)
-    with open(path, 'r+b') as f:
-        f.truncate(stat.st_size // 2)
-    os.utime(path, (stat.st_atime, stat.st_mtime))
 
 
 def _point(work_dir: str, target: str, newline: bool = False) -> None:
@@ -223,7 +216,7 @@ def test_checkpoint_numbers_compare_as_numbers(tmp_path: Path) -> None:
     # no last_checkpoint (e.g. deleted): the numbered files alone
     assert osp.basename(select_resume_checkpoint(work_dir)) == 'iter_12.pth'
     latest = osp.join(work_dir, 'iter_12.pth')
-    _truncate(latest)
+    truncate_to_half(latest)
     _point(work_dir, latest)
     with captured_log(logging.WARNING) as warned:
         assert osp.basename(select_resume_checkpoint(work_dir)) == 'iter_10.pth'
@@ -240,7 +233,7 @@ def test_epoch_checkpoints_are_candidates(tmp_path: Path) -> None:
     for epoch, age in ((1, 30), (2, 20), (3, 10)):
         _save(osp.join(work_dir, f'epoch_{epoch}.pth'), 4 * epoch, age_s=age)
     latest = osp.join(work_dir, 'epoch_3.pth')
-    _truncate(latest)
+    truncate_to_half(latest)
     _point(work_dir, latest)
     assert osp.basename(select_resume_checkpoint(work_dir)) == 'epoch_2.pth'
 
@@ -254,7 +247,7 @@ def test_checkpoints_in_an_out_dir_outside_the_work_dir(tmp_path: Path) -> None:
     latest = _save(osp.join(out_dir, 'iter_8.pth'), 8, age_s=10)
     _point(work_dir, latest)
     assert _same(select_resume_checkpoint(work_dir), latest)
-    _truncate(latest)
+    truncate_to_half(latest)
     assert _same(select_resume_checkpoint(work_dir), previous)
 
 
@@ -277,7 +270,7 @@ def test_a_damaged_unnumbered_latest_falls_back_to_an_older_numbered_one(tmp_pat
     work_dir = str(tmp_path)
     older = _save(osp.join(work_dir, 'iter_4.pth'), 4, age_s=60)
     latest = _save(osp.join(work_dir, 'latest.pth'), 8, age_s=10)
-    _truncate(latest)
+    truncate_to_half(latest)
     _point(work_dir, latest)
     latest_named, ordered, stale = resume_candidates(work_dir)
     assert stale == [] and [osp.basename(p) for p in ordered] == ['latest.pth', 'iter_4.pth']
@@ -332,7 +325,7 @@ def test_a_damaged_latest_does_not_fall_back_to_an_earlier_runs_checkpoint(tmp_p
     _save(osp.join(work_dir, 'iter_4.pth'), 4, age_s=400)
     own = _save(osp.join(work_dir, 'iter_3.pth'), 3, age_s=60)
     latest = _save(osp.join(work_dir, 'iter_6.pth'), 6, age_s=30)
-    _truncate(latest)
+    truncate_to_half(latest)
     _point(work_dir, latest)
     assert _same(select_resume_checkpoint(work_dir), own)
 
@@ -393,7 +386,7 @@ def test_a_damaged_explicit_checkpoint_names_the_flag(
         tmp_path: Path, resume: bool, flag: str) -> None:
     """The error says which flag named the damaged file."""
     path = _save(str(tmp_path / 'ckpt.pth'), 4)
-    _truncate(path)
+    truncate_to_half(path)
     with pytest.raises(CheckpointFileError) as info:
         check_resume_or_load_from(resume, path, str(tmp_path / 'wd'))
     assert str(info.value).startswith(f'{flag}: ') and 'is truncated' in str(info.value)
@@ -667,7 +660,7 @@ def test_build_runner_hands_the_selected_checkpoint_to_the_runner(
     work_dir = str(tmp_path)
     previous = _save(osp.join(work_dir, 'iter_2.pth'), 2, seed=77, age_s=30)
     latest = _save(osp.join(work_dir, 'iter_4.pth'), 4, seed=77, age_s=10)
-    _truncate(latest)
+    truncate_to_half(latest)
     _point(work_dir, latest)
     runner = launch.build_runner(_run_cfg(work_dir, resume=True, load_from=None))
     assert _same(runner.cfg.load_from, previous)

@@ -39,19 +39,10 @@ from mmlinvit.engine.launch import (LaunchError, adapt_to_device, add_training_s
                                      finish_distributed, init_cpu_distributed, load_config)
 from train_testing import captured_log
 
-pytestmark = pytest.mark.usefixtures('one_thread')
+pytestmark = pytest.mark.usefixtures('one_thread', 'no_new_global_loggers')
 
 CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason='the CPU adaptation only')
 
-
-@pytest.fixture(scope='module', autouse=True)
-def _no_global_instances_left() -> Iterator[None]:
-    """Removes the mmengine global loggers this module creates (their file handlers closed)."""
-    before = set(MMLogger._instance_dict)
-    yield
-    for name in set(MMLogger._instance_dict) - before:
-        for handler in MMLogger._instance_dict.pop(name).handlers:
-            handler.close()
 
 
 # ------------------------------------------------------------------------------------ load_config

@@ -27,13 +27,12 @@ the config wherever it can be asked cheaply, else a value worked out by hand in 
 import inspect
 import os
 import os.path as osp
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import numpy as np
 import pytest
 import torch
 from mmengine.config import Config
-from mmengine.logging import MMLogger
 from PIL import Image
 
 from mmlinvit.engine import config_consistency as cc
@@ -45,18 +44,8 @@ from mmlinvit.engine.pad_size_check import find_pad_size_problem
 from test_mutation_round11_config_consistency import (_names, _reported_keys, _seg_cfg,
                                                      _seg_dataset, _seg_model)
 
-pytestmark = pytest.mark.usefixtures('one_thread')
+pytestmark = pytest.mark.usefixtures('one_thread', 'no_new_global_loggers')
 
-
-@pytest.fixture(scope='module', autouse=True)
-def _no_global_loggers_left() -> Iterator[None]:
-    """Removes the mmengine global loggers this module creates (mmseg / mmengine log through
-    ``print_log(logger='current')``, which creates one when there is none)."""
-    before = set(MMLogger._instance_dict)
-    yield
-    for name in set(MMLogger._instance_dict) - before:
-        for handler in MMLogger._instance_dict.pop(name).handlers:
-            handler.close()
 
 
 # ------------------------------------------------------------------------------ helpers

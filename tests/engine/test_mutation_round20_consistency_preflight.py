@@ -18,12 +18,11 @@ worked out by hand:
 * pre-flight: a config without ``launcher`` is one process (mmengine's ``Runner`` default)
   for SyncBN heads and no train loader means no batch-size problem.
 """
-from typing import Iterator, Optional
+from typing import Optional
 
 import pytest
 import torch
 from mmengine.config import Config
-from mmengine.logging import MMLogger
 
 from mmlinvit.engine import config_consistency as cc
 from mmlinvit.engine import preflight as pf
@@ -31,18 +30,8 @@ from mmlinvit.engine import preflight as pf
 from test_mutation_round11_config_consistency import _image_folder
 from test_mutation_round16_config_consistency import _label_maps
 
-pytestmark = pytest.mark.usefixtures('one_thread')
+pytestmark = pytest.mark.usefixtures('one_thread', 'no_new_global_loggers')
 
-
-@pytest.fixture(scope='module', autouse=True)
-def _no_global_loggers_left() -> Iterator[None]:
-    """Removes the mmengine global loggers this module creates (``print_log(logger=
-    'current')`` creates one when there is none)."""
-    before = set(MMLogger._instance_dict)
-    yield
-    for name in set(MMLogger._instance_dict) - before:
-        for handler in MMLogger._instance_dict.pop(name).handlers:
-            handler.close()
 
 
 # ------------------------------------------------------------------------------ helpers

@@ -35,6 +35,8 @@ import torch
 from mmlinvit.engine.hooks import CheckFiniteHook
 from mmlinvit.engine.resume import (numbered_checkpoints, resume_candidates,
                                      select_resume_checkpoint, warn_changed_resume_config)
+
+from checkpoint_damage import truncate_to_half
 from test_mutation_round16_launch_preflight import amp_train_args
 from train_testing import captured_log
 
@@ -61,14 +63,6 @@ def _save(path: Path, iteration: int, mtime: float, cfg_text: Optional[str] = No
                str(path))
     os.utime(path, (mtime, mtime))
     return str(path)
-
-
-def _truncate(path: str) -> None:
-    """Cuts ``path`` to half its size (killed while written), keeping its time."""
-    stat = os.stat(path)
-    with open(path, 'r+b') as f:
-        f.truncate(stat.st_size // 2)
-    os.utime(path, (stat.st_atime, stat.st_mtime))
 
 
 # ------------------------------------------------------------------------------ resume
@@ -106,7 +100,7 @@ def test_every_damaged_checkpoint_skipped_is_named(tmp_path: Path) -> None:
     paths = {step: _save(tmp_path / f'iter_{step}.pth', step, 1000.0 + step)
              for step in (2, 4, 6)}
     for step in (4, 6):
-        _truncate(paths[step])
+        truncate_to_half(paths[step])
     (tmp_path / 'last_checkpoint').write_text(paths[6])
     with captured_log(logging.WARNING) as warned:
         assert select_resume_checkpoint(str(tmp_path)) == osp.normpath(paths[2])
@@ -364,7 +358,10 @@ def test_out_item_dumps_predictions_only_as_mmpretrains_test_tool(
 
 def test_seg_show_sets_the_wait_time_as_mmsegs_test_tool(tmp_path: Path) -> None:
     """``--show --wait-time 5`` on a segmentation config: the visualisation hook draws, shows
-    and waits 5 s, as mmseg's own ``trigger_visualization_hook`` (run here) sets it."""
+    and waits 5 s, as mmseg's own ``trigger_visualization_hook`` (run here) sets it.  Without
+    ``--show-dir`` the visualizer keeps no ``save_dir`` entry (mmengine's runner then gives
+    it the run's log folder for its backends; a ``save_dir=None`` entry would keep them
+    off)."""
     import argparse
 
     from mmengine.config import Config
@@ -378,7 +375,8 @@ def test_seg_show_sets_the_wait_time_as_mmsegs_test_tool(tmp_path: Path) -> None
     def cfg() -> Config:
         return Config(dict(default_scope='mmseg', model=dict(type='EncoderDecoder'),
                            default_hooks=dict(visualization=dict(type='SegVisualizationHook')),
-                           visualizer=dict(type='SegLocalVisualizer')))
+                           visualizer=dict(type='SegLocalVisualizer',
+                                           vis_backends=[dict(type='LocalVisBackend')])))
 
     official = load_script(path, 'mmseg_r20_test_tool')
     theirs = official.trigger_visualization_hook(
@@ -388,6 +386,8 @@ def test_seg_show_sets_the_wait_time_as_mmsegs_test_tool(tmp_path: Path) -> None
     for prepared in (theirs, ours):
         hook = prepared.default_hooks.visualization
         assert (hook['draw'], hook['show'], hook['wait_time']) == (True, True, 5.0)
+    assert 'save_dir' not in theirs.visualizer
+    assert ours.visualizer.to_dict() == theirs.visualizer.to_dict()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason='the CPU-only refusal')

@@ -35,32 +35,21 @@ import copy
 import inspect
 import os
 import os.path as osp
-from typing import Iterator, List
 
 import pytest
 import torch
 from mmengine.config import Config
-from mmengine.logging import MMLogger
 
 from mmlinvit.datasets import make_ade20k_layout
 from mmlinvit.engine import config_consistency as cc
 from mmlinvit.engine import preflight as pf
 
+from checkpoint_damage import truncate_to_half
 from test_mutation_round11_config_consistency import _load_annotations
 from test_mutation_round16_config_consistency import _label_maps
 
-pytestmark = pytest.mark.usefixtures('one_thread')
+pytestmark = pytest.mark.usefixtures('one_thread', 'no_new_global_loggers')
 
-
-@pytest.fixture(scope='module', autouse=True)
-def _no_global_loggers_left() -> Iterator[None]:
-    """Removes the mmengine global loggers this module creates (``print_log(logger=
-    'current')`` creates one when there is none)."""
-    before = set(MMLogger._instance_dict)
-    yield
-    for name in set(MMLogger._instance_dict) - before:
-        for handler in MMLogger._instance_dict.pop(name).handlers:
-            handler.close()
 
 
 # ------------------------------------------------------------------ clear_checkpoints
@@ -117,13 +106,6 @@ def test_a_teacher_before_the_student_hides_only_the_teacher_from_the_batch_norm
 
 
 # ------------------------------------------------------------------------ check-data
-def _truncate(path: str) -> None:
-    with open(path, 'rb') as f:
-        data = f.read()
-    with open(path, 'wb') as f:
-        f.write(data[:len(data) // 2])
-
-
 def test_check_data_decodes_the_data_sets_after_one_already_decoded(tmp_path) -> None:
     """A validation ``ConcatDataset`` (mmengine's) of the training set and the validation
     split: the training set is decoded once, the validation split after it still is, and
@@ -139,7 +121,7 @@ def test_check_data_decodes_the_data_sets_after_one_already_decoded(tmp_path) ->
 
     folder = osp.join(root, 'images', 'validation')
     bad = osp.join(folder, sorted(os.listdir(folder))[-1])
-    _truncate(bad)
+    truncate_to_half(bad)
     cfg = Config(dict(default_scope='mmseg', val_cfg=dict(),
                       train_dataloader=dict(num_workers=0, dataset=ade('training')),
                       val_dataloader=dict(num_workers=0, dataset=dict(

@@ -46,7 +46,8 @@ from mmlinvit.engine.hooks.random_state_hook import (RandomStateHook, capture_ra
 from mmlinvit.engine.sample_seeding import (SampleSeedDataset, build_sample_seed_sampler,
                                             sample_seed)
 
-from test_mutation_round11_launch_resume import _point, _save, _truncate
+from checkpoint_damage import truncate_to_half
+from test_mutation_round11_launch_resume import _point, _save
 from test_mutation_round17_hooks import keep_random_state  # noqa: F401 (a fixture)
 from train_testing import captured_log
 
@@ -209,7 +210,7 @@ def test_one_damaged_latest_is_named_without_an_empty_also_skipped_list(tmp_path
     work_dir = str(tmp_path)
     previous = _save(osp.join(work_dir, 'iter_4.pth'), 4, age_s=10)
     latest = _save(osp.join(work_dir, 'iter_8.pth'), 8)
-    _truncate(latest)
+    truncate_to_half(latest)
     _point(work_dir, latest)
     assert find_latest_checkpoint(work_dir) == latest
     with captured_log(logging.WARNING) as warned:

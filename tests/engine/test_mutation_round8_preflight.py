@@ -32,6 +32,8 @@ from mmlinvit.datasets.integrity import ScanResult
 from mmlinvit.engine.preflight import (MAX_BAD_SHOWN, DataCheckError, check_data,
                                        find_missing_inputs)
 
+from checkpoint_damage import truncate_to_half
+
 #: Checkpoint locations that mmengine's ``CheckpointLoader`` fetches through a URL scheme.
 REMOTE_CHECKPOINTS = ('https://download.openmmlab.com/mmseg/v0.5/x.pth',
                       'http://example.org/weights.pth',
@@ -115,13 +117,6 @@ def _images(root: str, split: str) -> List[str]:
     return sorted(osp.join(folder, name) for name in os.listdir(folder))
 
 
-def _truncate(path: str) -> None:
-    with open(path, 'rb') as f:
-        data = f.read()
-    with open(path, 'wb') as f:
-        f.write(data[:len(data) // 2])
-
-
 def _fake_processes(monkeypatch, rank: int, world_size: int,
                     others: List[Dict[int, ScanResult]]) -> List[str]:
     """Makes ``check_data`` run as ``rank`` of ``world_size`` processes.
@@ -175,7 +170,7 @@ def test_bad_files_of_every_rank_stop_every_rank(tmp_path, monkeypatch, ade):
     """Rank 1's own share is clean, rank 0 found a bad file: rank 1 raises too, naming it and
     the count of all samples, and leaves the listing to rank 0."""
     train = _images(ade, 'training')
-    _truncate(train[0])  # rank 0's share
+    truncate_to_half(train[0])  # rank 0's share
     work_dir = tmp_path / 'wd'
     others = [{0: ScanResult(num_samples=3, bad=_bad(1, 'rank0'))}, {0: ScanResult(num_samples=2)}]
     decoded = _fake_processes(monkeypatch, 1, 2, others)
@@ -191,7 +186,7 @@ def test_bad_files_of_every_rank_stop_every_rank(tmp_path, monkeypatch, ade):
 
 def test_rank_zero_writes_the_bad_files_of_every_rank(tmp_path, monkeypatch, ade):
     train = _images(ade, 'training')
-    _truncate(train[2])  # rank 0's share (0, 2, 4)
+    truncate_to_half(train[2])  # rank 0's share (0, 2, 4)
     work_dir = tmp_path / 'wd'
     others = [{1: ScanResult(num_samples=2, bad=_bad(2, 'rank1'))}, {1: ScanResult(num_samples=1)}]
     _fake_processes(monkeypatch, 0, 2, others)

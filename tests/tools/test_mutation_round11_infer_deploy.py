@@ -471,10 +471,14 @@ def test_onnx_graph_has_the_fixed_shape_it_claims(exported: Dict[str, Any]) -> N
 
 
 def test_onnx_check_tolerance_is_atol_plus_rtol_scale(exported: Dict[str, Any]) -> None:
+    """The reported tolerance is ``atol + rtol * max|reference|``; the real error is at fp32
+    rounding of the logits (which reach ~1e3 here: 1e-5 of their scale, far below the loose
+    tolerance the tool was given)."""
     info = exported['info']
     assert info['shape'] == [1, 3, 48, 72] and info['outputs'] == ['out0']
     assert info['tolerance'] == pytest.approx(1e-3 + 0.5 * info['max_abs_reference'])
-    assert info['max_abs_reference'] > 0.1 and max(info['max_abs_error']) < 1e-3
+    assert info['max_abs_reference'] > 0.1
+    assert max(info['max_abs_error']) < 1e-3 + 1e-5 * info['max_abs_reference']
 
 
 def test_max_abs_errors_by_hand() -> None:
