@@ -41,6 +41,7 @@ from mmlinvit.engine.config_consistency import (ConfigConsistencyError,
                                                 label_range_problems)
 from mmlinvit.engine.pad_size_check import find_pad_size_problem
 
+from checkpoint_damage import truncate_to_half
 from test_mutation_round11_config_consistency import (_names, _reported_keys, _seg_cfg,
                                                      _seg_dataset, _seg_model)
 
@@ -300,10 +301,7 @@ def test_an_unreadable_label_map_is_skipped_not_fatal(tmp_path):
     other sampled maps are still read."""
     root = _label_maps(str(tmp_path), [[0, 1, 5]] * 3)
     bad = osp.join(root, 'ann', 'train', '001.png')
-    with open(bad, 'rb') as f:
-        head = f.read(40)
-    with open(bad, 'wb') as f:
-        f.write(head)
+    truncate_to_half(bad)
     with pytest.raises(OSError):
         with Image.open(bad) as image:
             np.asarray(image)
