@@ -43,6 +43,7 @@ from mmlinvit.ops.ssd import dispatch as ssd_dispatch
 from mmlinvit.ops.ssd import torch_impl
 
 from call_spy import CallSpy
+from ssd_fp64 import reference_scan
 
 pytestmark = pytest.mark.usefixtures('one_thread')
 
@@ -68,29 +69,6 @@ def ssd_inputs(length: int, heads: int = 4, groups: int = 2, headdim: int = 3, d
     D = torch.randn(heads, generator=g, dtype=dtype)
     return x, dt, A, B, C, D
 
-
-def reference_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
-                   C: torch.Tensor, D: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """``ssd_minimal.py``'s recurrence as a per-token, per-head loop in float64.
-
-    Head h reads B / C group ``h // (H // G)``; the state starts at zero.
-    """
-    x, dt, A, B, C = (t.double() for t in (x, dt, A, B, C))
-    batch, length, heads, headdim = x.shape
-    groups, d_state = B.shape[2], B.shape[3]
-    per_group = heads // groups
-    y = torch.zeros(batch, length, heads, headdim, dtype=torch.float64)
-    for h in range(heads):
-        g = h // per_group
-        state = torch.zeros(batch, headdim, d_state, dtype=torch.float64)
-        for t in range(length):
-            decay = torch.exp(dt[:, t, h] * A[h])[:, None, None]
-            state = decay * state + dt[:, t, h, None, None] * x[:, t, h, :, None] * \
-                B[:, t, g, None, :]
-            y[:, t, h] = (state * C[:, t, g, None, :]).sum(-1)
-            if D is not None:
-                y[:, t, h] += D[h].double() * x[:, t, h]
-    return y
 
 
 @pytest.fixture

@@ -28,6 +28,8 @@ import torch.nn.functional as F
 
 from mmlinvit.layers.mamba2 import Mamba2Mixer
 
+from ssd_fp64 import reference_scan
+
 
 # ------------------------------------------------------------------ float64 Mamba-2 reference
 def mamba2_reference(p: Dict[str, torch.Tensor], u: torch.Tensor, *, d_inner: int,
@@ -68,16 +70,7 @@ def mamba2_reference(p: Dict[str, torch.Tensor], u: torch.Tensor, *, d_inner: in
     c = xbc[..., d_inner + gn:].reshape(batch, length, ngroups, d_state)
     dt = F.softplus(dt_raw + p['dt_bias']).clamp(min=dt_limit[0], max=dt_limit[1])
     a = -torch.exp(p['A_log'])
-    per_group = heads // ngroups
-    y = torch.zeros(batch, length, heads, headdim, dtype=torch.float64)
-    for h in range(heads):
-        g = h // per_group
-        state = torch.zeros(batch, headdim, d_state, dtype=torch.float64)
-        for t in range(length):
-            state = (torch.exp(dt[:, t, h] * a[h])[:, None, None] * state
-                     + dt[:, t, h][:, None, None] * x[:, t, h][:, :, None]
-                     * b[:, t, g][:, None, :])
-            y[:, t, h] = (state * c[:, t, g][:, None, :]).sum(-1) + p['D'][h] * x[:, t, h]
+    y = reference_scan(x, dt, a, b, c, p['D'])
     y = y.reshape(batch, length, d_inner)
     gate = F.silu(z)
     if not norm_before_gate:
